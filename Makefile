@@ -1,0 +1,62 @@
+# GPU Usage in PyTorch: the two commands (lab, test) and the maintainer targets.
+#   make lab         JupyterLab on the course, in .venv (LAB_ARGS="--no-browser --ip=0.0.0.0" on a server)
+#   make test        pinned test environment in .venv, unit tests, strict nbval over every notebook
+#   make refresh     re-execute every notebook in place (pinned CPU environment) to regenerate outputs
+#   make gpu-check   on a GPU host: run every notebook (outputs not compared), fail on any error
+#   make record      on a GPU host: run the notebooks and rewrite the recorded GPU outputs
+#   make sync        rebuild the badge and setup cells of every notebook from pyproject's Repository URL
+# gpu-check and record use $(PY) (default python3) as it is, e.g. with packages on PYTHONPATH from a
+# wheelhouse on an offline host; they never create .venv.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY ?= python3
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
+
+.PHONY: lab test unit nbval refresh gpu-check record sync venv-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -r requirements.txt -e .
+	touch $@
+
+$(VENV)/.test-installed: tests/requirements.txt tests/constraints.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -c tests/constraints.txt -r tests/requirements.txt -e .
+	touch $@
+
+venv-test: $(VENV)/.test-installed
+
+lab: $(VENV)/.lab-installed
+	cd notebooks && ../$(BIN)/jupyter lab 00_setup.ipynb $(LAB_ARGS)
+
+# Stored outputs come from a CPU run, so the tests hide any GPU (a GPU host validates with gpu-check).
+CPU_ONLY := CUDA_VISIBLE_DEVICES= COURSE_DEVICE=cpu
+
+test: $(VENV)/.test-installed
+	$(CPU_ONLY) $(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
+
+unit: $(VENV)/.test-installed
+	$(CPU_ONLY) $(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+refresh: $(VENV)/.test-installed
+	$(BIN)/python tools/refresh_notebooks.py $(NOTEBOOKS)
+
+sync:
+	$(PYTHON) tools/sync_notebooks.py
+
+gpu-check:
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check needs a CUDA GPU: none is visible')"
+	$(PY) -m pytest --nbval-lax -v --durations=0 $(PYTEST_ARGS)
+
+record:
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make record needs a CUDA GPU: none is visible')"
+	COURSE_RECORD=1 TQDM_DISABLE=1 $(PY) -m pytest --nbval-lax -v $(PYTEST_ARGS) notebooks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,143 @@
+"""Device discovery: which devices this machine has, and a checked way to ask for one.
+
+`get_device()` is what every notebook calls. It picks the best device present (CUDA, then Apple's
+MPS, then any other `torch.accelerator` backend, then the CPU), lets the environment variable
+``COURSE_DEVICE`` override that choice, and turns a request for a device that is not there into a
+`DeviceError` that says what was asked for and what this machine has.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["DeviceError", "available_devices", "cuda_device_count", "get_device"]
+
+ENV_VAR = "COURSE_DEVICE"
+
+
+class DeviceError(ValueError):
+    """A device was asked for that this machine does not have (or that is not a device at all)."""
+
+
+def cuda_device_count() -> int:
+    """Number of CUDA GPUs visible to this process (0 without CUDA). Does not raise."""
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver install reports no GPU rather than crashing a notebook
+        return 0
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def _other_accelerator() -> tuple[str, int] | None:
+    """(type, count) of a `torch.accelerator` backend other than CUDA and MPS, if one is present."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is None or not acc.is_available():
+        return None
+    current = acc.current_accelerator()
+    if current is None or current.type in ("cuda", "mps", "cpu"):
+        return None
+    return current.type, int(acc.device_count())
+
+
+def available_devices() -> list[str]:
+    """Every device this process can use, best first, e.g. ``['cuda:0', 'cuda:1', 'cpu']``."""
+    names = [f"cuda:{i}" for i in range(cuda_device_count())]
+    if _mps_available():
+        names.append("mps:0")
+    other = _other_accelerator()
+    if other is not None:
+        names += [f"{other[0]}:{i}" for i in range(other[1])]
+    names.append("cpu")
+    return names
+
+
+def _default_device() -> torch.device:
+    if cuda_device_count() > 0:
+        return torch.device("cuda", torch.cuda.current_device())
+    if _mps_available():
+        return torch.device("mps")
+    other = _other_accelerator()
+    if other is not None and other[1] > 0:
+        return torch.device(other[0], 0)
+    return torch.device("cpu")
+
+
+def _parse(name: str, origin: str) -> torch.device:
+    if not isinstance(name, str | torch.device):
+        raise DeviceError(f"{origin}: expected a device name such as 'cuda', 'cuda:1', 'mps' or 'cpu', "
+                          f"got {type(name).__name__} {name!r}.")
+    if isinstance(name, torch.device):
+        return name
+    text = name.strip()
+    if not text:
+        raise DeviceError(f"{origin}: the device name is empty. Use 'cuda', 'cuda:1', 'mps' or 'cpu'; "
+                          f"this machine has {', '.join(available_devices())}.")
+    try:
+        return torch.device(text)
+    except (RuntimeError, ValueError):
+        hint = " (PyTorch calls NVIDIA GPUs 'cuda')" if text.lower().startswith("gpu") else ""
+        raise DeviceError(f"{origin}: {name!r} is not a device name{hint}. Use 'cuda', 'cuda:1', 'mps' or "
+                          f"'cpu'; this machine has {', '.join(available_devices())}.") from None
+
+
+def _check_present(dev: torch.device, origin: str) -> torch.device:
+    have = ", ".join(available_devices())
+    if dev.type == "cpu":
+        if dev.index not in (None, 0):
+            raise DeviceError(f"{origin}: there is only one CPU device ('cpu'), not {str(dev)!r}.")
+        return torch.device("cpu")
+    if dev.type == "cuda":
+        count = cuda_device_count()
+        if count == 0:
+            why = ("this PyTorch was built without CUDA" if torch.version.cuda is None
+                   else "no CUDA GPU is visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them)")
+            raise DeviceError(f"{origin}: asked for {str(dev)!r}, but {why}. This machine has {have}. "
+                              "Call get_device() with no argument to take the best device present.")
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if index >= count:
+            raise DeviceError(f"{origin}: asked for {str(dev)!r}, but only {count} CUDA GPU(s) are visible "
+                              f"(cuda:0 to cuda:{count - 1}). This machine has {have}.")
+        return torch.device("cuda", index)
+    if dev.type == "mps":
+        if not _mps_available():
+            raise DeviceError(f"{origin}: asked for {str(dev)!r}, but MPS (Apple-silicon GPUs) is not "
+                              f"available here. This machine has {have}.")
+        if dev.index not in (None, 0):
+            raise DeviceError(f"{origin}: there is one MPS device ('mps'), not {str(dev)!r}.")
+        return torch.device("mps")
+    other = _other_accelerator()
+    if other is None or other[0] != dev.type:
+        raise DeviceError(f"{origin}: asked for {str(dev)!r}, but no {dev.type!r} device is available. "
+                          f"This machine has {have}.")
+    index = 0 if dev.index is None else dev.index
+    if index >= other[1]:
+        raise DeviceError(f"{origin}: asked for {str(dev)!r}, but only {other[1]} {dev.type} device(s) "
+                          f"are visible. This machine has {have}.")
+    return torch.device(dev.type, index)
+
+
+def get_device(name: str | torch.device | None = None) -> torch.device:
+    """Return a `torch.device` that exists on this machine.
+
+    With no argument: ``COURSE_DEVICE`` from the environment if it is set, otherwise the best device
+    present (cuda, then mps, then another `torch.accelerator` backend, then cpu). With a name
+    (``"cuda"``, ``"cuda:1"``, ``"mps"``, ``"cpu"`` or a `torch.device`): that device, checked.
+    A device index is always filled in for CUDA (``"cuda"`` becomes ``cuda:<current>``).
+
+    Raises `DeviceError` (a `ValueError`) naming what was asked for and what this machine has,
+    when the device does not exist here or the name is not a device.
+    """
+    if name is None:
+        env = os.environ.get(ENV_VAR, "")
+        if env.strip():
+            return _check_present(_parse(env, f"{ENV_VAR}={env!r} in the environment"),
+                                  f"{ENV_VAR}={env!r} in the environment")
+        return _default_device()
+    origin = f"get_device({name!r})" if isinstance(name, str) else f"get_device({name})"
+    return _check_present(_parse(name, origin), origin)

@@ -1,0 +1,354 @@
+"""Recorded GPU outputs: a cell that needs a GPU runs for real where there is one, and elsewhere shows
+what it printed on a real GPU host, labelled with the device, PyTorch and CUDA versions and the date.
+
+In a notebook (after ``%load_ext course_utils``)::
+
+    %%gpu 01-async-timing
+    x = torch.randn(8192, 8192, device="cuda")
+    ...
+
+    %%gpu 04-dp-batch-split --gpus 2
+    ...
+
+- With at least that many CUDA GPUs visible, the cell's code runs as usual.
+- Otherwise the cell shows the stored recording ``course_utils/recorded/<name>.json``: a banner naming
+  the hardware and software it was recorded on, then the outputs (text, plots, error messages) in order.
+  A missing or unreadable recording shows a note saying so; it never raises.
+- With ``COURSE_RECORD=1`` in the environment (``make record`` on a GPU host), a cell that runs for
+  real also writes its outputs to its recording file. ``COURSE_RECORDINGS_DIR`` moves that folder.
+
+Rule for notebook authors: a ``%%gpu`` cell is a leaf. Later cells must not use names it defines,
+because on a CPU-only machine its code does not run.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import html
+import io
+import json
+import linecache
+import os
+import platform
+import re
+import shlex
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Recording",
+    "RecordingError",
+    "cell_digest",
+    "load_recording",
+    "recording_label",
+    "recordings_dir",
+    "run_or_replay",
+    "save_recording",
+    "show_recording",
+]
+
+RECORD_ENV = "COURSE_RECORD"
+DIR_ENV = "COURSE_RECORDINGS_DIR"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,80}$")
+_FILENAME = "<gpu cell>"
+_WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+class RecordingError(RuntimeError):
+    """A recording file is missing, unreadable or not in the expected format."""
+
+
+@dataclass
+class Recording:
+    """One cell's recorded outputs. ``outputs`` are nbformat-like dicts in the order they appeared."""
+
+    name: str
+    meta: dict[str, Any]
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def recordings_dir() -> Path:
+    """Folder of the recording files: ``$COURSE_RECORDINGS_DIR`` or the package's ``recorded/``."""
+    env = os.environ.get(DIR_ENV, "").strip()
+    return Path(env) if env else Path(__file__).with_name("recorded")
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"recording name {name!r}: use lower-case letters, digits, '-', '_' or '.', "
+                         "starting with a letter or digit, e.g. '01-async-timing'")
+    return name
+
+
+def _path(name: str) -> Path:
+    return recordings_dir() / f"{_check_name(name)}.json"
+
+
+def cell_digest(source: str) -> str:
+    """Short hash of a cell's code (trailing blanks ignored), stored to spot stale recordings."""
+    norm = "\n".join(line.rstrip() for line in source.strip().splitlines())
+    return hashlib.sha256(norm.encode()).hexdigest()[:16]
+
+
+def load_recording(name: str) -> Recording:
+    """Read ``<recordings_dir>/<name>.json``. Raises `RecordingError` saying what is wrong."""
+    path = _path(name)
+    if not path.is_file():
+        raise RecordingError(f"no recording named {name!r} (expected the file {path.name} in "
+                             "course_utils/recorded/; a maintainer makes it with `make record` on a GPU host)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        meta, outputs = data["meta"], data["outputs"]
+        if not isinstance(meta, dict) or not isinstance(outputs, list):
+            raise TypeError("'meta' must be an object and 'outputs' a list")
+        for out in outputs:
+            if out.get("output_type") not in ("stream", "display_data", "error"):
+                raise TypeError(f"unknown output type {out.get('output_type')!r}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RecordingError(f"the recording {path.name} is unreadable ({type(exc).__name__}: {exc}); "
+                             "re-create it with `make record` on a GPU host") from None
+    return Recording(name=name, meta=meta, outputs=outputs)
+
+
+def hardware_meta(gpus: int = 1) -> dict[str, Any]:
+    """What a recording is labelled with: GPU name and count, PyTorch, CUDA, Python, date (UTC)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {
+        "device": torch.cuda.get_device_name(0) if count else "cpu",
+        "gpu_count": count,
+        "gpus_required": gpus,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.now(timezone.utc).date().isoformat(),
+    }
+
+
+def save_recording(name: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> Path:
+    """Write a recording atomically (temporary file, then rename). Returns its path."""
+    path = _path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"meta": meta, "outputs": outputs}, indent=1, ensure_ascii=False) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def recording_label(meta: dict[str, Any]) -> str:
+    """``'2× NVIDIA H200 · PyTorch 2.11.0+cu130 · CUDA 13.0 · 2026-12-02'`` from a recording's meta."""
+    count = meta.get("gpu_count", 1)
+    parts = [f"{count}× {meta.get('device', 'unknown GPU')}", f"PyTorch {meta.get('torch', '?')}"]
+    if meta.get("cuda"):
+        parts.append(f"CUDA {meta['cuda']}")
+    parts.append(str(meta.get("date", "unknown date")))
+    return " · ".join(parts)
+
+
+def _have_gpus() -> int:
+    from .devices import cuda_device_count
+
+    return cuda_device_count()
+
+
+def _why_not_here(gpus: int, have: int) -> str:
+    if have == 0:
+        return "this machine has no CUDA GPU"
+    return f"this cell needs {gpus} CUDA GPUs and this machine has {have}"
+
+
+def _banner(text: str, colour: str) -> None:
+    from IPython.display import publish_display_data
+
+    publish_display_data({
+        "text/plain": text,
+        "text/html": (f'<div style="border-left:4px solid {colour};padding:4px 8px;margin:2px 0;'
+                      f'font-size:90%">{html.escape(text)}</div>'),
+    })
+
+
+def show_recording(name: str, gpus: int = 1) -> None:
+    """Display a recording with its label, or a note when it is missing or unreadable. Never raises."""
+    from IPython.display import publish_display_data
+
+    why = _why_not_here(gpus, _have_gpus())
+    try:
+        rec = load_recording(name)
+    except (RecordingError, ValueError) as exc:
+        _banner(f"Not run: {why}. No recorded GPU output can be shown: {exc}.", "#c0392b")
+        return
+    _banner(f"Recorded output ({why}), recorded on {recording_label(rec.meta)}:", "#2e86c1")
+    for out in rec.outputs:
+        kind = out.get("output_type")
+        if kind == "stream":
+            stream = sys.stderr if out.get("name") == "stderr" else sys.stdout
+            stream.write(out.get("text", ""))
+            stream.flush()
+        elif kind == "display_data":
+            publish_display_data(out.get("data", {}), out.get("metadata", {}))
+        elif kind == "error":
+            sys.stderr.write(f"{out.get('ename', 'Error')}: {out.get('evalue', '')}\n"
+                             "(this error was raised on the GPU host, as the lesson intends)\n")
+            sys.stderr.flush()
+
+
+class _Sink(io.TextIOBase):
+    """A text stream that appends what is written to a shared, ordered list of outputs."""
+
+    def __init__(self, name: str, outputs: list[dict[str, Any]]) -> None:
+        self.name_ = name
+        self.outputs = outputs
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            last = self.outputs[-1] if self.outputs else None
+            if last and last["output_type"] == "stream" and last["name"] == self.name_:
+                last["text"] += text
+            else:
+                self.outputs.append({"output_type": "stream", "name": self.name_, "text": text})
+        return len(text)
+
+
+@contextmanager
+def _capture(outputs: list[dict[str, Any]]) -> Iterator[None]:
+    """Capture stdout, stderr and rich displays, in order, into ``outputs``."""
+    from IPython import get_ipython
+    from IPython.core.displaypub import DisplayPublisher
+
+    class _Publisher(DisplayPublisher):
+        def publish(self, data: dict, metadata: dict | None = None, **kwargs: Any) -> None:  # type: ignore[override]
+            if _WIDGET_MIME not in data:  # a live widget cannot be replayed from a file
+                outputs.append({"output_type": "display_data", "data": dict(data),
+                                "metadata": dict(metadata or {})})
+
+        def clear_output(self, wait: bool = False) -> None:
+            pass
+
+    shell = get_ipython()
+    saved = sys.stdout, sys.stderr, getattr(shell, "display_pub", None)
+    sys.stdout, sys.stderr = _Sink("stdout", outputs), _Sink("stderr", outputs)
+    if shell is not None:
+        shell.display_pub = _Publisher()
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved[0], saved[1]
+        if shell is not None:
+            shell.display_pub = saved[2]
+
+
+def _execute(source: str, namespace: dict[str, Any]) -> None:
+    """Run cell code like IPython would: magics transformed, the last expression displayed."""
+    from IPython import get_ipython
+    from IPython.display import display
+
+    shell = get_ipython()
+    code = shell.transform_cell(source) if shell is not None else source
+    # Register the code so tracebacks and warnings can show its lines.
+    linecache.cache[_FILENAME] = (len(code), None, code.splitlines(keepends=True), _FILENAME)
+    tree = ast.parse(code, filename=_FILENAME)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, _FILENAME, "exec"), namespace)
+    if last is not None:
+        value = eval(compile(ast.Expression(last.value), _FILENAME, "eval"), namespace)
+        if value is not None:
+            display(value)
+
+
+def _show_new_figures(before: set[int]) -> None:
+    """Display and close the matplotlib figures the cell opened, so they are part of its outputs."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    from IPython.display import display
+
+    for num in plt.get_fignums():
+        if num not in before:
+            fig = plt.figure(num)
+            display(fig)
+            plt.close(fig)
+
+
+def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int = 1) -> None:
+    """Run ``source`` in ``namespace`` when ``gpus`` CUDA GPUs are visible, else show its recording.
+
+    With ``COURSE_RECORD=1`` set, a real run also saves the outputs as the recording ``name``.
+    Errors raised by the code are re-raised after its outputs are shown (and recorded).
+    """
+    _check_name(name)
+    if gpus < 1:
+        raise ValueError(f"%%gpu {name}: --gpus must be at least 1, got {gpus}")
+    if _have_gpus() < gpus:
+        show_recording(name, gpus)
+        return
+    plt = sys.modules.get("matplotlib.pyplot")
+    before = set(plt.get_fignums()) if plt is not None else set()
+    if os.environ.get(RECORD_ENV, "") not in ("1", "true", "yes"):
+        _execute(source, namespace)
+        _show_new_figures(before)
+        return
+    outputs: list[dict[str, Any]] = []
+    error: BaseException | None = None
+    with _capture(outputs):
+        try:
+            _execute(source, namespace)
+        except Exception as exc:  # recorded, then re-raised below
+            error = exc
+        _show_new_figures(before)
+    if error is not None:
+        outputs.append({"output_type": "error", "ename": type(error).__name__,
+                        "evalue": str(error)})
+    meta = hardware_meta(gpus)
+    meta["cell_digest"] = cell_digest(source)
+    save_recording(name, outputs, meta)
+    # Show what was captured, then re-raise so a deliberate error demo still fails visibly.
+    from IPython.display import publish_display_data
+
+    for out in outputs:
+        if out["output_type"] == "stream":
+            (sys.stderr if out["name"] == "stderr" else sys.stdout).write(out["text"])
+        elif out["output_type"] == "display_data":
+            publish_display_data(out["data"], out["metadata"])
+    if error is not None:
+        raise error
+
+
+def gpu_cell_magic(line: str, cell: str) -> None:
+    """``%%gpu NAME [--gpus N]``: run the cell on a GPU host, show its recording elsewhere."""
+    from IPython import get_ipython
+
+    args = shlex.split(line)
+    gpus = 1
+    try:
+        if "--gpus" in args:
+            i = args.index("--gpus")
+            gpus = int(args[i + 1])
+            del args[i:i + 2]
+        (name,) = args
+    except (ValueError, IndexError):
+        raise ValueError(f"usage: %%gpu NAME [--gpus N], got '%%gpu {line}'") from None
+    shell = get_ipython()
+    namespace = shell.user_ns if shell is not None else {}
+    try:
+        run_or_replay(name, cell, namespace, gpus)
+    except Exception:
+        # Show a plain traceback of the cell's own code (not of this magic) and fail the cell.
+        if shell is not None:
+            etype, value, tb = sys.exc_info()
+            while tb is not None and tb.tb_frame.f_code.co_filename != _FILENAME:
+                tb = tb.tb_next
+            if tb is not None:
+                raise value.with_traceback(tb) from None
+        raise
+
