@@ -4,6 +4,7 @@
 #   make refresh     re-execute every notebook in place (pinned CPU environment) to regenerate outputs
 #   make gpu-check   on a GPU host: run every notebook (outputs not compared), fail on any error
 #   make record      on a GPU host: run the notebooks and rewrite the recorded GPU outputs
+#                    (NB=notebooks/01_cpu_vs_gpu.ipynb for one notebook)
 #   make sync        rebuild the badge and setup cells of every notebook from pyproject's Repository URL
 # gpu-check and record use $(PY) (default python3) as it is, e.g. with packages on PYTHONPATH from a
 # wheelhouse on an offline host; they never create .venv.
@@ -14,6 +15,7 @@ BIN := $(VENV)/bin
 PY ?= python3
 LAB_ARGS ?=
 PYTEST_ARGS ?=
+NB ?= notebooks
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .PHONY: lab test unit nbval refresh gpu-check record sync venv-test clean
@@ -56,7 +58,7 @@ gpu-check:
 
 record:
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make record needs a CUDA GPU: none is visible')"
-	COURSE_RECORD=1 TQDM_DISABLE=1 $(PY) -m pytest --nbval-lax -v $(PYTEST_ARGS) notebooks
+	COURSE_RECORD=1 TQDM_DISABLE=1 $(PY) -m pytest --nbval-lax -v $(PYTEST_ARGS) $(NB)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

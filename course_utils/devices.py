@@ -90,7 +90,8 @@ def _check_present(dev: torch.device, origin: str) -> torch.device:
     have = ", ".join(available_devices())
     if dev.type == "cpu":
         if dev.index not in (None, 0):
-            raise DeviceError(f"{origin}: there is only one CPU device ('cpu'), not {str(dev)!r}.")
+            raise DeviceError(f"{origin}: there is only one CPU device ('cpu'), not {str(dev)!r}. "
+                              f"This machine has {have}.")
         return torch.device("cpu")
     if dev.type == "cuda":
         count = cuda_device_count()
@@ -109,7 +110,8 @@ def _check_present(dev: torch.device, origin: str) -> torch.device:
             raise DeviceError(f"{origin}: asked for {str(dev)!r}, but MPS (Apple-silicon GPUs) is not "
                               f"available here. This machine has {have}.")
         if dev.index not in (None, 0):
-            raise DeviceError(f"{origin}: there is one MPS device ('mps'), not {str(dev)!r}.")
+            raise DeviceError(f"{origin}: there is one MPS device ('mps'), not {str(dev)!r}. "
+                              f"This machine has {have}.")
         return torch.device("mps")
     other = _other_accelerator()
     if other is None or other[0] != dev.type:

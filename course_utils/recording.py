@@ -160,9 +160,9 @@ def _have_gpus() -> int:
 
 
 def _why_not_here(gpus: int, have: int) -> str:
-    if have == 0:
+    if gpus == 1:
         return "this machine has no CUDA GPU"
-    return f"this cell needs {gpus} CUDA GPUs and this machine has {have}"
+    return f"this cell needs {gpus} CUDA GPUs and this machine has {have or 'none'}"
 
 
 def _banner(text: str, colour: str) -> None:

@@ -1,0 +1,133 @@
+"""Guards for the notebooks: collected by strict nbval, executed, no stray errors, recordings in step."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_utils.recording import cell_digest, load_recording
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CURRICULUM = ["00_setup", "01_cpu_vs_gpu", "02_moving_data", "03_torch_cuda_api", "04_data_parallel",
+              "05_distributed_data_parallel", "06_loading_across_devices"]
+MACHINE_PATH = re.compile(r"(/root/|/home/\w+|/Users/\w+|/tmp/ipykernel|site-packages|/work/)")
+GPU_MAGIC = re.compile(r"^%%gpu\s+(\S+)(?:\s+--gpus\s+(\d+))?\s*$")
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def code_cells(nb: dict):
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code" and "".join(cell["source"]).strip():
+            yield i, cell
+
+
+def gpu_cells(nb: dict):
+    for i, cell in code_cells(nb):
+        source = "".join(cell["source"])
+        first, _, body = source.partition("\n")
+        m = GPU_MAGIC.match(first)
+        if m:
+            yield i, m.group(1), int(m.group(2) or 1), body
+
+
+def test_the_course_notebooks_exist():
+    present = {p.stem for p in NOTEBOOKS}
+    assert "00_setup" in present
+    unknown = {p for p in present if not re.match(r"^\d\d_[a-z0-9_]+$", p)}
+    assert not unknown, f"notebook names must be NN_topic.ipynb: {unknown}"
+    for stem in present & set(CURRICULUM):
+        assert stem == CURRICULUM[int(stem[:2])], f"{stem} does not match the curriculum's file name"
+
+
+def test_every_notebook_is_collected_by_strict_nbval():
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "notebooks"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    collected = {line.split("::")[0] for line in out.stdout.splitlines() if "::" in line}
+    missing = [p.name for p in NOTEBOOKS if f"notebooks/{p.name}" not in collected]
+    assert not missing, f"not collected by pytest --nbval: {missing}"
+    config = (ROOT / "pyproject.toml").read_text()
+    assert '"--nbval ' in config.replace("addopts = ", "") or "--nbval " in config
+    assert "--nbval-lax" not in config, "strict nbval: never lax in the default configuration"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_hygiene(path):
+    nb = load(path)
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", "kernelspec must be python3"
+    problems = []
+    for i, cell in code_cells(nb):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell.get("execution_count") is None:
+            problems.append(f"cell {i} was never executed (strict nbval would not compare it)")
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error" and not tags & {"raises-exception", "nbval-raises-exception"}:
+                problems.append(f"cell {i} stores an error ({out.get('ename')}) without a raises-exception tag")
+            text = json.dumps(out.get("text", "")) + json.dumps(out.get("data", {}).get("text/plain", ""))
+            text += json.dumps(out.get("evalue", ""))
+            if MACHINE_PATH.search(text):
+                problems.append(f"cell {i} shows a machine path in its output")
+        if "nbval-skip" in tags:
+            problems.append(f"cell {i} is tagged nbval-skip: it would not run in the tests")
+        if "solution" in tags and not cell["metadata"].get("jupyter", {}).get("source_hidden"):
+            problems.append(f"solution cell {i} is not hidden")
+    assert nb["metadata"].get("nbval", {}).get("lax") is not True, "whole notebook tagged lax"
+    assert not problems, "\n".join(problems)
+
+
+def test_badge_and_setup_cells_are_in_sync():
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_notebooks.py"), "--check"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, f"run `make sync`:\n{out.stdout}{out.stderr}"
+    for path in NOTEBOOKS:
+        cells = load(path)["cells"]
+        assert "course-badges" in cells[0]["metadata"].get("tags", []), f"{path.name}: badge cell first"
+        first_code = next(c for c in cells if c["cell_type"] == "code")
+        assert "course-setup" in first_code["metadata"].get("tags", []), f"{path.name}: setup cell first"
+
+
+def test_gpu_cell_names_are_unique_and_prefixed():
+    seen: dict[str, str] = {}
+    for path in NOTEBOOKS:
+        for i, name, _, _ in gpu_cells(load(path)):
+            assert name.startswith(path.stem[:2] + "-"), f"{path.name} cell {i}: name {name!r} must start " \
+                                                          f"with {path.stem[:2]}-"
+            assert name not in seen, f"{name!r} used in {seen[name]} and {path.name}"
+            seen[name] = path.name
+
+
+def test_single_gpu_cells_have_current_recordings():
+    """Every one-GPU cell has a recording made from its current code (`make record` on a GPU host).
+
+    Multi-GPU cells may have none yet: they show a note saying so.
+    """
+    problems = []
+    for path in NOTEBOOKS:
+        for i, name, gpus, body in gpu_cells(load(path)):
+            try:
+                recording = load_recording(name)
+            except Exception as exc:
+                if gpus == 1:
+                    problems.append(f"{path.name} cell {i} ({name}): {exc}")
+                continue
+            if recording.meta.get("cell_digest") != cell_digest(body):
+                problems.append(f"{path.name} cell {i} ({name}): the code changed since it was recorded; "
+                                "run `make record` on a GPU host")
+            if recording.meta.get("gpu_count", 0) < gpus:
+                problems.append(f"{path.name} cell {i} ({name}): recorded with fewer GPUs than it needs")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_orphan_recordings():
+    used = {name for path in NOTEBOOKS for _, name, _, _ in gpu_cells(load(path))}
+    shipped = {p.stem for p in (ROOT / "course_utils" / "recorded").glob("*.json")}
+    assert not shipped - used, f"recordings no cell uses: {sorted(shipped - used)}"

@@ -1,0 +1,124 @@
+"""The %%gpu magic: runs with a GPU, replays a labelled recording without one, records in record mode."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+import course_utils.recording as rec
+
+
+@pytest.fixture
+def shell(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_RECORDINGS_DIR", str(tmp_path))
+    monkeypatch.delenv("COURSE_RECORD", raising=False)
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    sh = InteractiveShell.instance()
+    sh.run_cell("%load_ext course_utils")
+    return sh
+
+
+def run(sh, source):
+    with capture_output() as cap:
+        result = sh.run_cell(source)
+    texts = [o.data.get("text/plain", "") for o in cap.outputs]
+    return result, cap, texts
+
+
+def fake_gpus(monkeypatch, n):
+    monkeypatch.setattr(rec, "_have_gpus", lambda: n)
+
+
+def test_missing_recording_is_a_note_not_an_error(shell, monkeypatch):
+    fake_gpus(monkeypatch, 0)
+    result, cap, texts = run(shell, "%%gpu 99-missing\nraise SystemExit('must not run')")
+    assert result.success
+    assert len(texts) == 1 and texts[0].startswith("Not run: this machine has no CUDA GPU.")
+    assert "no recording named '99-missing'" in texts[0]
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"meta": {}}', '{"meta": [], "outputs": []}',
+                                     '{"meta": {}, "outputs": [{"output_type": "bogus"}]}', ""])
+def test_corrupt_recording_is_a_note(shell, monkeypatch, tmp_path, content):
+    fake_gpus(monkeypatch, 0)
+    (tmp_path / "99-bad.json").write_text(content)
+    result, _, texts = run(shell, "%%gpu 99-bad\nprint('x')")
+    assert result.success
+    assert "the recording 99-bad.json is unreadable" in texts[0]
+
+
+def test_record_then_replay(shell, monkeypatch, tmp_path):
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("COURSE_RECORD", "1")
+    source = ("import matplotlib.pyplot as plt\nprint('hello from the GPU')\n"
+              "fig = plt.figure(); plt.plot([1, 2, 3])\n6 * 7")
+    result, cap, texts = run(shell, "%%gpu 99-demo\n" + source)
+    assert result.success
+    assert cap.stdout == "hello from the GPU\n"
+    data = json.loads((tmp_path / "99-demo.json").read_text())
+    kinds = [o["output_type"] for o in data["outputs"]]
+    assert kinds == ["stream", "display_data", "display_data"]
+    assert data["outputs"][1]["data"]["text/plain"] == "42"
+    assert "image/png" in data["outputs"][2]["data"]
+    meta = data["meta"]
+    assert {"device", "gpu_count", "torch", "cuda", "date", "cell_digest"} <= set(meta)
+    assert meta["cell_digest"] == rec.cell_digest(source)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", meta["date"])
+
+    # On a machine without a GPU the same cell shows the recording under a label.
+    fake_gpus(monkeypatch, 0)
+    monkeypatch.delenv("COURSE_RECORD")
+    result, cap, texts = run(shell, "%%gpu 99-demo\nraise SystemExit('must not run')")
+    assert result.success
+    assert texts[0].startswith("Recorded output (this machine has no CUDA GPU), recorded on ")
+    assert rec.recording_label(meta) in texts[0]
+    assert cap.stdout == "hello from the GPU\n"
+    assert texts[1] == "42" and texts[2].startswith("<Figure size")
+
+
+def test_errors_are_recorded_and_reraised(shell, monkeypatch, tmp_path):
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("COURSE_RECORD", "1")
+    result, cap, _ = run(shell, "%%gpu 99-err\nprint('before')\nraise RuntimeError('Expected all tensors')")
+    assert isinstance(result.error_in_exec, RuntimeError)
+    data = json.loads((tmp_path / "99-err.json").read_text())
+    assert data["outputs"][-1] == {"output_type": "error", "ename": "RuntimeError",
+                                   "evalue": "Expected all tensors"}
+    fake_gpus(monkeypatch, 0)
+    result, cap, _ = run(shell, "%%gpu 99-err\nx")
+    assert result.success
+    assert cap.stdout == "before\n"
+    assert "RuntimeError: Expected all tensors" in cap.stderr
+
+
+def test_runs_for_real_with_enough_gpus(shell, monkeypatch, tmp_path):
+    fake_gpus(monkeypatch, 2)
+    result, cap, _ = run(shell, "%%gpu 99-real --gpus 2\nvalue_from_gpu_cell = 5\nprint(value_from_gpu_cell)")
+    assert result.success and cap.stdout == "5\n"
+    assert not (tmp_path / "99-real.json").exists()  # not in record mode: nothing written
+
+
+def test_needs_more_gpus_than_present(shell, monkeypatch):
+    fake_gpus(monkeypatch, 1)
+    _, _, texts = run(shell, "%%gpu 99-multi --gpus 4\nprint('x')")
+    assert "this cell needs 4 CUDA GPUs and this machine has 1" in texts[0]
+
+
+@pytest.mark.parametrize("line", ["%%gpu", "%%gpu Bad Name", "%%gpu a --gpus", "%%gpu a --gpus two",
+                                  "%%gpu UPPER"])
+def test_bad_magic_lines(shell, line):
+    result, _, _ = run(shell, line + "\nprint(1)")
+    assert isinstance(result.error_in_exec, ValueError)
+
+
+def test_widget_outputs_are_not_recorded(shell, monkeypatch, tmp_path):
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("COURSE_RECORD", "1")
+    run(shell, "%%gpu 99-widget\nimport ipywidgets\ndisplay(ipywidgets.IntSlider())\nprint('done')")
+    data = json.loads((tmp_path / "99-widget.json").read_text())
+    assert [o["output_type"] for o in data["outputs"]] == ["stream"]
