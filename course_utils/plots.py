@@ -133,13 +133,28 @@ def plot_bars(
     return fig
 
 
-def _block(ax: Any, x: float, y: float, w: float, h: float, colour: str, text: str = "",
-           fontsize: float = 9) -> None:
-    from matplotlib.patches import Rectangle
+class _Blocks:
+    """Rectangles collected per axes and drawn as one PatchCollection (hundreds of patches stay fast)."""
 
-    ax.add_patch(Rectangle((x, y), w, h, facecolor=colour, edgecolor="black", linewidth=0.8))
-    if text:
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
+    def __init__(self, ax: Any) -> None:
+        self.ax = ax
+        self.rects: list[Any] = []
+        self.colours: list[str] = []
+
+    def add(self, x: float, y: float, w: float, h: float, colour: str, text: str = "",
+            fontsize: float = 9) -> None:
+        from matplotlib.patches import Rectangle
+
+        self.rects.append(Rectangle((x, y), w, h))
+        self.colours.append(colour)
+        if text:
+            self.ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, zorder=3)
+
+    def draw(self) -> None:
+        from matplotlib.collections import PatchCollection
+
+        self.ax.add_collection(PatchCollection(self.rects, facecolors=self.colours, edgecolors="black",
+                                               linewidths=0.6))
 
 
 _CONTROL, _ALU, _CACHE, _DRAM = "#f5b041", "#58d68d", "#5dade2", "#d7dbdd"
@@ -153,6 +168,7 @@ def draw_architecture(figsize: tuple[float, float] = (10.0, 4.2)) -> Any:
     from matplotlib.patches import Patch
 
     fig, (cpu, gpu) = plt.subplots(1, 2, figsize=figsize, layout="constrained")
+    cpu_blocks, gpu_blocks = _Blocks(cpu), _Blocks(gpu)
     for ax in (cpu, gpu):
         ax.set_xlim(0, 10)
         ax.set_ylim(0, 10)
@@ -162,30 +178,32 @@ def draw_architecture(figsize: tuple[float, float] = (10.0, 4.2)) -> Any:
     # CPU: 4 big cores, each a large control unit and a few wide ALUs; a large shared cache; DRAM.
     cpu.set_title("CPU: few cores, big caches, much control logic\n→ low latency for one thread")
     for i, (x, y) in enumerate([(0.3, 5.6), (5.1, 5.6), (0.3, 2.9), (5.1, 2.9)]):
-        _block(cpu, x, y, 4.6, 2.5, "white")
-        _block(cpu, x + 0.15, y + 0.15, 2.1, 2.2, _CONTROL, f"control\n(core {i})", 8)
+        cpu_blocks.add(x, y, 4.6, 2.5, "white")
+        cpu_blocks.add(x + 0.15, y + 0.15, 2.1, 2.2, _CONTROL, f"control\n(core {i})", 8)
         for j in range(2):
             for k in range(2):
-                _block(cpu, x + 2.4 + 1.05 * j, y + 0.15 + 1.1 * k, 0.95, 1.0, _ALU, "ALU", 7)
-    _block(cpu, 0.3, 1.5, 9.4, 1.2, _CACHE, "large cache (L2/L3, tens of MB)")
-    _block(cpu, 0.3, 0.1, 9.4, 1.2, _DRAM, "DRAM (~100 GB/s)")
+                cpu_blocks.add(x + 2.4 + 1.05 * j, y + 0.15 + 1.1 * k, 0.95, 1.0, _ALU, "ALU", 7)
+    cpu_blocks.add(0.3, 1.5, 9.4, 1.2, _CACHE, "large cache (L2/L3, tens of MB)")
+    cpu_blocks.add(0.3, 0.1, 9.4, 1.2, _DRAM, "DRAM (~100 GB/s)")
 
     # GPU: many SMs, each a small control unit, a small cache and a grid of ALUs; a shared L2; HBM.
     gpu.set_title("GPU: many small cores in SMs, small caches\n→ high throughput for uniform work")
     for r in range(4):
         for c in range(4):
             x, y = 0.3 + c * 2.37, 2.85 + r * 1.7
-            _block(gpu, x, y, 2.2, 1.6, "white")
-            _block(gpu, x + 0.08, y + 1.15, 1.0, 0.35, _CONTROL)
-            _block(gpu, x + 1.12, y + 1.15, 1.0, 0.35, _CACHE)
+            gpu_blocks.add(x, y, 2.2, 1.6, "white")
+            gpu_blocks.add(x + 0.08, y + 1.15, 1.0, 0.35, _CONTROL)
+            gpu_blocks.add(x + 1.12, y + 1.15, 1.0, 0.35, _CACHE)
             for j in range(8):
                 for k in range(4):
-                    _block(gpu, x + 0.08 + j * 0.255, y + 0.08 + k * 0.26, 0.22, 0.22, _ALU)
+                    gpu_blocks.add(x + 0.08 + j * 0.255, y + 0.08 + k * 0.26, 0.22, 0.22, _ALU)
     gpu.text(5.0, 9.97, "one streaming multiprocessor (SM) = one box; an H200 has 132",
              ha="center", va="top", fontsize=8)
-    _block(gpu, 0.3, 1.5, 9.4, 1.2, _CACHE, "shared L2 cache (~50 MB)")
-    _block(gpu, 0.3, 0.1, 9.4, 1.2, _DRAM, "HBM (~4.8 TB/s on an H200)")
+    gpu_blocks.add(0.3, 1.5, 9.4, 1.2, _CACHE, "shared L2 cache (~50 MB)")
+    gpu_blocks.add(0.3, 0.1, 9.4, 1.2, _DRAM, "HBM (~4.8 TB/s on an H200)")
 
+    cpu_blocks.draw()
+    gpu_blocks.draw()
     fig.legend(handles=[Patch(facecolor=_CONTROL, edgecolor="black", label="control"),
                         Patch(facecolor=_ALU, edgecolor="black", label="ALU (arithmetic)"),
                         Patch(facecolor=_CACHE, edgecolor="black", label="cache"),

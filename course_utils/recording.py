@@ -262,7 +262,9 @@ def _execute(source: str, namespace: dict[str, Any]) -> None:
     exec(compile(tree, _FILENAME, "exec"), namespace)
     if last is not None:
         value = eval(compile(ast.Expression(last.value), _FILENAME, "eval"), namespace)
-        if value is not None:
+        plt = sys.modules.get("matplotlib.pyplot")
+        open_figure = plt is not None and getattr(value, "number", None) in plt.get_fignums()
+        if value is not None and not open_figure:  # open figures are shown by _show_new_figures
             display(value)
 
 

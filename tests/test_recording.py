@@ -122,3 +122,11 @@ def test_widget_outputs_are_not_recorded(shell, monkeypatch, tmp_path):
     run(shell, "%%gpu 99-widget\nimport ipywidgets\ndisplay(ipywidgets.IntSlider())\nprint('done')")
     data = json.loads((tmp_path / "99-widget.json").read_text())
     assert [o["output_type"] for o in data["outputs"]] == ["stream"]
+
+
+def test_figure_as_last_expression_is_shown_once(shell, monkeypatch, tmp_path):
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("COURSE_RECORD", "1")
+    run(shell, "%%gpu 99-fig\nimport matplotlib.pyplot as plt\nfig = plt.figure(); plt.plot([1, 2])\nfig")
+    data = json.loads((tmp_path / "99-fig.json").read_text())
+    assert [o["data"]["text/plain"][:7] for o in data["outputs"]] == ["<Figure"]

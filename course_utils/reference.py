@@ -1,0 +1,88 @@
+"""Reference figures: what the course's timing helper measured on the GPU host, next to other timers.
+
+``benchmarks/timing_comparison.py`` (run on a CUDA host) times the same matmuls and copies three ways
+(`course_utils.benchmark`, ``torch.utils.benchmark`` and raw CUDA events) and writes the table to
+``course_utils/data/reference_figures.json``. `show_reference_figures` prints that table in a notebook,
+or says plainly that the file has not been made yet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COLUMNS", "default_path", "format_reference_table", "load_reference_figures",
+           "show_reference_figures"]
+
+COLUMNS = (("course", "course_utils"), ("torch_benchmark", "torch.utils.benchmark"),
+           ("raw", "raw CUDA events"))
+"""(row key, column title) of the three timings, in the order they are printed."""
+
+
+def default_path() -> Path:
+    """``course_utils/data/reference_figures.json`` inside the installed package."""
+    return Path(__file__).with_name("data") / "reference_figures.json"
+
+
+def load_reference_figures(path: str | Path | None = None) -> dict[str, Any] | None:
+    """The reference table as a dict (``meta`` and ``rows``), or None when the file does not exist.
+
+    Raises ValueError naming the file when it exists but is not a reference table.
+    """
+    path = Path(path) if path is not None else default_path()
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data.get("meta"), dict) or not isinstance(data.get("rows"), list):
+            raise TypeError("expected an object with 'meta' (object) and 'rows' (list)")
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a reference-figures file ({type(exc).__name__}: {exc}); "
+                         "re-create it with `python benchmarks/timing_comparison.py` on a CUDA host") from None
+    return data
+
+
+def _num(value: Any) -> str:
+    if not isinstance(value, int | float) or value != value:  # None or nan
+        return "–"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def format_reference_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None) -> str:
+    """A plain-text table: one line per case, the three timings as rates, and course/raw."""
+    header = ["case", "unit", *(title for _, title in COLUMNS), "course/raw"]
+    body = [[str(r.get("case", "?")), str(r.get("unit", "")), *(_num(r.get(key)) for key, _ in COLUMNS),
+             f"{r['ratio']:.3f}" if isinstance(r.get("ratio"), int | float) else "–"] for r in rows]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+
+    def fmt(line: list[str]) -> str:
+        cells = [line[0].ljust(widths[0]), line[1].ljust(widths[1])]
+        cells += [cell.rjust(w) for cell, w in zip(line[2:], widths[2:], strict=True)]
+        return "  ".join(cells).rstrip()
+
+    lines = []
+    if meta:
+        lines.append(f"{meta.get('device', '?')} · PyTorch {meta.get('torch', '?')} · CUDA {meta.get('cuda', '?')}"
+                     f" · {meta.get('date', '?')}")
+    lines += [fmt(header), "  ".join("-" * w for w in widths)]
+    lines += [fmt(line) for line in body]
+    return "\n".join(lines)
+
+
+def show_reference_figures(path: str | Path | None = None) -> None:
+    """Print the reference table, or a note saying how to make it when the file does not exist yet."""
+    try:
+        data = load_reference_figures(path)
+    except ValueError as exc:
+        print(f"Reference figures: {exc}")
+        return
+    if data is None:
+        print("Reference figures: not measured yet. A maintainer makes them on a CUDA host with\n"
+              "  python benchmarks/timing_comparison.py\n"
+              "which writes course_utils/data/reference_figures.json.")
+        return
+    print("Reference figures (rates: higher is better; course/raw near 1.00 means the course's timing "
+          "agrees with raw CUDA events):")
+    print(format_reference_table(data["rows"], data["meta"]))

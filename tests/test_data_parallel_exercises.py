@@ -1,0 +1,85 @@
+"""Checkers of notebook 04's exercises: right answers pass, typical wrong answers get a useful message."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from course_utils.exercises.data_parallel import (
+    CHUNK_CASES,
+    check_chunk_predictions,
+    check_dict_scatter_gather,
+    check_unwrap,
+)
+from course_utils.parallel import chunk_sizes
+
+
+def _right() -> dict:
+    return {case: chunk_sizes(*case) for case in CHUNK_CASES}
+
+
+def test_chunk_predictions_right() -> None:
+    v = check_chunk_predictions(_right())
+    assert v and "(9, 4) → [3, 3, 3]" in str(v)
+
+
+def test_chunk_predictions_wrong() -> None:
+    v = check_chunk_predictions({**_right(), (9, 4): [3, 2, 2, 2]})
+    assert not v and "ceil(9/4) = 3" in v.message and "1 GPU(s) stay idle" in v.message
+    v = check_chunk_predictions({**_right(), (17, 3): [5, 6, 6]})
+    assert not v and "wrong order" in v.message
+    v = check_chunk_predictions({**_right(), (16, 2): [8, 7]})
+    assert not v and "add up to 15" in v.message
+    v = check_chunk_predictions({**_right(), (10, 8): ...})
+    assert not v and "not filled in" in v.message
+    v = check_chunk_predictions({(16, 2): [8, 8]})
+    assert not v and "no prediction for" in v.message
+    assert not check_chunk_predictions([8, 8])
+
+
+def test_unwrap() -> None:
+    assert check_unwrap(lambda m: m.module if isinstance(m, nn.DataParallel) else m)
+    v = check_unwrap(lambda m: m.module)
+    assert not v and "raised AttributeError" in v.message
+    v = check_unwrap(lambda m: getattr(m, "module", m))
+    assert not v and "isinstance(model, nn.DataParallel)" in v.hint
+    v = check_unwrap(lambda m: m)
+    assert not v and "nn.DataParallel(model)" in v.message
+    assert not check_unwrap("net.module")
+
+
+def _scatter_dict(batch: dict, n: int) -> list[dict]:
+    tensors = {k: v.chunk(n) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    count = min(len(c) for c in tensors.values())
+    return [{k: (tensors[k][i] if k in tensors else v) for k, v in batch.items()} for i in range(count)]
+
+
+def _gather_dict(outputs: list[dict]) -> dict:
+    return {k: torch.cat([o[k] for o in outputs]) for k in outputs[0]}
+
+
+def test_dict_scatter_gather_right() -> None:
+    assert check_dict_scatter_gather(_scatter_dict, _gather_dict)
+
+
+def test_dict_scatter_gather_wrong() -> None:
+    def always_n(batch: dict, n: int) -> list[dict]:  # tensor_split gives n chunks, some empty
+        parts = {k: v.tensor_split(n) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        return [{k: (parts[k][i] if k in parts else v) for k, v in batch.items()} for i in range(n)]
+
+    v = check_dict_scatter_gather(always_n, _gather_dict)
+    # 10 on 4: tensor_split gives 3, 3, 2, 2 where DataParallel (torch.chunk) gives 3, 3, 3, 1
+    assert not v and "chunk 2['image'] is (2, 3), expected 3 samples" in v.message
+
+    def drops_flag(batch: dict, n: int) -> list[dict]:
+        return [{k: c for k, c in d.items() if k != "augment"} for d in _scatter_dict(batch, n)]
+
+    v = check_dict_scatter_gather(drops_flag, _gather_dict)
+    assert not v and "keys" in v.message
+
+    def reversed_gather(outputs: list[dict]) -> dict:
+        return _gather_dict(outputs[::-1])
+
+    v = check_dict_scatter_gather(_scatter_dict, reversed_gather)
+    assert not v and "in its order" in v.message
+    assert not check_dict_scatter_gather(None, _gather_dict)
