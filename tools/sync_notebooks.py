@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rebuild the badge cell and the setup cell of every notebook from the repository URL.
+"""Rebuild the badge cell and the setup cell of every notebook (and README's badges) from the repository URL.
 
 The URL lives in one place: ``[project.urls] Repository`` in pyproject.toml. Each notebook's first cell
 (tagged ``course-badges``) gets Open-in-Colab and Binder badges for that notebook, and its first code
@@ -79,6 +79,20 @@ def sync(nb: dict, name: str, url: str) -> dict:
     return nb
 
 
+def readme_badges(url: str) -> str:
+    slug = url.removeprefix("https://github.com/")
+    first = "00_setup.ipynb"
+    return (f"[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/{slug}/{BRANCH}"
+            f"?labpath=notebooks%2F{first}) "
+            f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+            f"(https://colab.research.google.com/github/{slug}/blob/{BRANCH}/notebooks/{first})")
+
+
+def sync_readme(text: str, url: str) -> str:
+    pattern = re.compile(r"(<!-- badges:[^\n]*-->\n).*?(\n<!-- /badges -->)", re.S)
+    return pattern.sub(lambda m: m.group(1) + readme_badges(url) + m.group(2), text)
+
+
 def dump(nb: dict) -> str:
     return json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
 
@@ -98,6 +112,14 @@ def main() -> int:
             stale.append(path)
             if not args.check:
                 path.write_text(after, encoding="utf-8")
+    readme = ROOT / "README.md"
+    if readme.is_file() and not args.paths:
+        before = readme.read_text(encoding="utf-8")
+        after = sync_readme(before, url)
+        if after != before:
+            stale.append(readme)
+            if not args.check:
+                readme.write_text(after, encoding="utf-8")
     verb = "out of date" if args.check else "updated"
     for path in stale:
         print(f"{verb}: {path.relative_to(ROOT) if path.is_absolute() else path}")
