@@ -183,20 +183,33 @@ def time_torch_benchmark(fn: Callable[[], Any], min_run_time: float = 0.3) -> fl
     return Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
 
 
-def measure(case: Case, device: str | torch.device, quick: bool = False) -> dict[str, Any]:
-    """Time ``case`` three ways; a row of the table (seconds and rates, and course/raw)."""
+def measure(case: Case, device: str | torch.device, quick: bool = False, rounds: int | None = None
+            ) -> dict[str, Any]:
+    """Time ``case`` three ways; a row of the table (seconds and rates, and course/raw).
+
+    The three methods take turns over several rounds (the order rotating each round) and each reports
+    the median of its rounds, so a drift of the machine during the run (seen with pageable copies, whose
+    speed depends on the host's memory state) does not favour the method that happened to run first.
+    """
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    repeat, min_time = (3, 0.002) if quick else (10, 0.02)
+    repeat, min_time = (3, 0.002) if quick else (5, 0.02)
+    rounds = rounds if rounds is not None else (1 if quick else 5)
     with fp32_precision(case.precision):
         fn = case.setup()
-        seconds = {
-            "raw": time_raw(fn, dev, repeat=repeat, min_sample_time=min_time),
-            "course": benchmark(fn, device=dev, repeat=repeat, min_sample_time=min_time).median,
-            "torch_benchmark": time_torch_benchmark(fn, min_run_time=0.01 if quick else 0.3),
+        methods: dict[str, Callable[[], float]] = {
+            "raw": lambda: time_raw(fn, dev, repeat=repeat, min_sample_time=min_time),
+            "course": lambda: benchmark(fn, device=dev, repeat=repeat, min_sample_time=min_time).median,
+            "torch_benchmark": lambda: time_torch_benchmark(fn, min_run_time=0.01 if quick else 0.1),
         }
-        del fn
+        names = list(methods)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                samples[name].append(methods[name]())
+        seconds = {name: statistics.median(values) for name, values in samples.items()}
+        del fn, methods
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     row: dict[str, Any] = {"case": case.name, "unit": case.unit, "work": case.work}

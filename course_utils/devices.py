@@ -57,9 +57,14 @@ def available_devices() -> list[str]:
     return names
 
 
+def _current_cuda_index() -> int:
+    """The current CUDA device, without initialising CUDA (it is 0 until something changes it)."""
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+
+
 def _default_device() -> torch.device:
     if cuda_device_count() > 0:
-        return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", _current_cuda_index())
     if _mps_available():
         return torch.device("mps")
     other = _other_accelerator()
@@ -100,7 +105,7 @@ def _check_present(dev: torch.device, origin: str) -> torch.device:
                    else "no CUDA GPU is visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them)")
             raise DeviceError(f"{origin}: asked for {str(dev)!r}, but {why}. This machine has {have}. "
                               "Call get_device() with no argument to take the best device present.")
-        index = torch.cuda.current_device() if dev.index is None else dev.index
+        index = _current_cuda_index() if dev.index is None else dev.index
         if index >= count:
             raise DeviceError(f"{origin}: asked for {str(dev)!r}, but only {count} CUDA GPU(s) are visible "
                               f"(cuda:0 to cuda:{count - 1}). This machine has {have}.")

@@ -26,7 +26,7 @@ def one_gpu(monkeypatch):
     monkeypatch.setattr(devices, "cuda_device_count", lambda: 1)
     monkeypatch.setattr(devices, "_mps_available", lambda: False)
     monkeypatch.setattr(devices, "_other_accelerator", lambda: None)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(devices, "_current_cuda_index", lambda: 0)
 
 
 def test_default_is_cpu_without_accelerators(cpu_only):
