@@ -1,0 +1,194 @@
+"""Tests of course_utils.distributed, course_utils.ddp_train and the notebook-05 checkers.
+
+The multi-process tests use gloo on 127.0.0.1 with free ports, a tiny model and few steps; the torchrun
+runs are shared between tests (module-scoped fixtures), because starting a worker costs seconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_utils import distributed as D
+from course_utils.ddp_train import (
+    SnapshotError,
+    find_latest_snapshot,
+    load_snapshot,
+    save_snapshot,
+    weights_sha256,
+)
+from course_utils.exercises.distributed import check_average_gradients, check_epoch_orders, check_topology
+
+STEPS = ["--steps", "12"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ddp")
+
+
+@pytest.fixture(scope="module")
+def plain(work: Path) -> D.TorchrunResult:
+    r = D.torchrun(["--standalone", "--nproc-per-node=2"], [*STEPS, "--checkpoint-dir", "plain"], cwd=work)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def _hash_lines(r: D.TorchrunResult) -> list[str]:
+    return [line for line in r.stdout.splitlines() if line.startswith("final weights sha256:")]
+
+
+def test_free_port_is_bindable() -> None:
+    port = D.free_port()
+    assert 1024 <= port < 65536
+
+
+def test_all_reduce_equals_ddp_equals_one_process() -> None:
+    for r in D.launch(D.compare_gradients, 2):
+        assert r["manual_vs_single"] and r["ddp_vs_single"] and r["manual_vs_ddp"], r
+        assert r["max_diff"] < 1e-6
+
+
+def test_collectives_demo() -> None:
+    ranks = D.launch(D.collectives_demo, 2)
+    assert ranks[0][1].endswith("[3.0, 30.0]") and ranks[1][1].endswith("[3.0, 30.0]")
+    assert ranks[1][2].endswith("[0.0, 0.0]")  # broadcast from rank 0
+
+
+def test_launch_reports_worker_error() -> None:
+    with pytest.raises(D.WorkerError, match="rank 0"):
+        D.launch(D.train_ddp, 2, "/nonexistent/folder/for/checkpoints", 1)
+
+
+def test_launch_refuses_main_function() -> None:
+    def local(rank: int, world_size: int) -> None:  # pragma: no cover - never runs
+        pass
+
+    local.__module__ = "__main__"
+    with pytest.raises(D.WorkerError, match="cannot import it"):
+        D.launch(local, 2)
+
+
+def test_train_ddp_weights_identical(tmp_path: Path) -> None:
+    ranks = D.launch(D.train_ddp, 2, str(tmp_path), 2)
+    assert ranks[0]["sha256"] == ranks[1]["sha256"]
+    assert ranks[0]["first_indices"][0] != ranks[0]["first_indices"][1]  # set_epoch reshuffles
+    assert ranks[1]["files"] == ["epoch-0.pt", "epoch-1.pt"]  # rank 1 sees rank 0's files after the barrier
+
+
+def test_torchrun_prints_one_hash(plain: D.TorchrunResult) -> None:
+    assert len(_hash_lines(plain)) == 1
+    assert plain.sha256 is not None and len(plain.sha256) == 64
+
+
+def test_fault_injected_run_has_same_hash(plain: D.TorchrunResult, work: Path) -> None:
+    r = D.torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1"],
+                   [*STEPS, "--checkpoint-dir", "faulty", "--fail-at-step", "6"], cwd=work)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "simulated crash at step 6" in r.stderr
+    assert "resumed from snapshot-000004.pt" in r.stdout
+    assert r.sha256 == plain.sha256
+
+
+def test_corrupt_snapshot_is_skipped_and_run_resumes(plain: D.TorchrunResult, work: Path) -> None:
+    folder = work / "corrupt"
+    shutil.copytree(work / "plain", folder)
+    newest = folder / "snapshot-000012.pt"
+    newest.write_bytes(newest.read_bytes()[:-50])
+    (folder / ".snapshot-000016.pt.tmp").write_bytes(b"half")
+    r = D.torchrun(["--standalone", "--nproc-per-node=2"], [*STEPS, "--checkpoint-dir", "corrupt"], cwd=work)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "skipping snapshot-000012.pt fails its checksum" in r.stdout
+    assert "resumed from snapshot-000008.pt" in r.stdout
+    assert r.sha256 == plain.sha256
+
+
+def test_two_nodes_equal_one_node_of_four(work: Path) -> None:
+    nodes = D.torchrun_two_nodes([*STEPS, "--checkpoint-dir", "nodes"], nproc_per_node=2, cwd=work)
+    assert [r.returncode for r in nodes] == [0, 0], nodes[0].stderr[-3000:] + nodes[1].stderr[-3000:]
+    hashes = [r.sha256 for r in nodes if r.sha256]
+    assert len(hashes) == 1  # exactly one launch hosts rank 0
+    single = D.torchrun(["--standalone", "--nproc-per-node=4"], [*STEPS, "--checkpoint-dir", "single"], cwd=work)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert "world size 4" in single.stdout
+    assert hashes[0] == single.sha256
+
+
+def test_snapshot_roundtrip_and_corruption(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    save_snapshot(tmp_path, 4, {"step": 4, "model": model.state_dict()})
+    save_snapshot(tmp_path, 8, {"step": 8, "model": model.state_dict()})
+    assert load_snapshot(tmp_path / "snapshot-000008.pt")["step"] == 8
+    bad = tmp_path / "snapshot-000008.pt"
+    data = bytearray(bad.read_bytes())
+    data[-5] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match="checksum"):
+        load_snapshot(bad)
+    (tmp_path / "snapshot-000012.pt").write_bytes(b"not a snapshot")
+    messages: list[str] = []
+    path, state = find_latest_snapshot(tmp_path, log=messages.append)
+    assert path.name == "snapshot-000004.pt" and state["step"] == 4
+    assert len(messages) == 2 and "bad header" in messages[0]
+    assert find_latest_snapshot(tmp_path / "missing") is None
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_weights_sha256_depends_on_every_byte() -> None:
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    assert weights_sha256(a) == weights_sha256(b)
+    with torch.no_grad():
+        b.bias[0] = torch.nextafter(b.bias[0], torch.tensor(1.0))
+    assert weights_sha256(a) != weights_sha256(b)
+
+
+def test_check_topology() -> None:
+    assert check_topology({"world_size": 8, "rank": 6, "local_rank": 2, "local_world_size": 4})
+    v = check_topology({"world_size": 8, "rank": 10, "local_rank": 2, "local_world_size": 4})
+    assert not v and "count from 0" in v.hint
+    assert not check_topology({"world_size": 4, "rank": 6, "local_rank": 2, "local_world_size": 4})
+    assert "no local_world_size" in check_topology({"world_size": 8, "rank": 6, "local_rank": 2}).message
+
+
+def test_check_epoch_orders() -> None:
+    def fixed(sampler, epochs):  # type: ignore[no-untyped-def]
+        return [list(sampler) for _ in range(epochs)]
+
+    def good(sampler, epochs):  # type: ignore[no-untyped-def]
+        out = []
+        for e in range(epochs):
+            sampler.set_epoch(e)
+            out.append(list(sampler))
+        return out
+
+    v = check_epoch_orders(fixed)
+    assert not v and "same order" in v.message
+    assert check_epoch_orders(good)
+
+
+def average_gradients_ok(model):  # type: ignore[no-untyped-def]
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)  # noqa: F821 - the checker provides dist
+        p.grad /= dist.get_world_size()  # noqa: F821
+
+
+def average_gradients_sum_only(model):  # type: ignore[no-untyped-def]
+    for p in model.parameters():
+        dist.all_reduce(p.grad)  # noqa: F821
+
+
+def average_gradients_nothing(model):  # type: ignore[no-untyped-def]
+    for p in model.parameters():
+        p.grad.clone()
+
+
+def test_check_average_gradients() -> None:
+    assert check_average_gradients(average_gradients_ok)
+    v = check_average_gradients(average_gradients_sum_only)
+    assert not v and "2× too large" in v.message
+    v = check_average_gradients(average_gradients_nothing)
+    assert not v and "only its own gradient" in v.message
