@@ -155,6 +155,9 @@ def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=256, help="size of the synthetic data set")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto (default): NCCL on GPUs when each local rank has one, else gloo on the CPU. "
+                        "Use cpu when several 'nodes' are simulated on one machine: they would share its GPUs")
     p.add_argument("--fail-at-step", type=int, default=None,
                    help="rank 1 exits at this step on the first attempt (fault injection)")
     args = p.parse_args(None if argv is None else list(argv))
@@ -208,7 +211,10 @@ def main(argv: Iterable[str] | None = None) -> int:
         sys.exit(f"--global-batch {args.global_batch} must be divisible by the world size {world}")
 
     # NCCL when each local rank has a GPU of its own, gloo on the CPU otherwise.
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+    enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+    if args.device == "cuda" and not enough_gpus:
+        sys.exit(f"--device cuda needs {local_world} visible GPU(s) on this node, one per local rank")
+    use_cuda = enough_gpus and args.device != "cpu"
     if use_cuda:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

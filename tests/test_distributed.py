@@ -22,7 +22,7 @@ from course_utils.ddp_train import (
 )
 from course_utils.exercises.distributed import check_average_gradients, check_epoch_orders, check_topology
 
-STEPS = ["--steps", "12"]
+STEPS = ["--device", "cpu", "--steps", "12"]
 
 
 @pytest.fixture(scope="module")
