@@ -209,7 +209,7 @@ def measure(case: Case, device: str | torch.device, quick: bool = False, rounds:
             for name in names[r % len(names):] + names[:r % len(names)]:
                 samples[name].append(methods[name]())
         seconds = {name: statistics.median(values) for name, values in samples.items()}
-        del fn, methods
+        methods.clear()  # drop the closures over the tensors before empty_cache
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     row: dict[str, Any] = {"case": case.name, "unit": case.unit, "work": case.work}
