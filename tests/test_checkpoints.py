@@ -243,7 +243,9 @@ def test_load_weights_from_wrapped_and_training_checkpoints(saved):
 def test_load_weights_into_a_wrapped_model(saved):
     wrapped = nn.DataParallel(FooNet())
     assert load_weights(wrapped, saved) is wrapped
-    assert torch.equal(wrapped.module.linears[0].weight, load_checkpoint(saved)["linears.0.weight"])
+    # With GPUs, DataParallel has moved the module to cuda:0, and load_weights loads onto the model's device.
+    weight = wrapped.module.linears[0].weight
+    assert torch.equal(weight.cpu(), load_checkpoint(saved)["linears.0.weight"])
 
 
 def test_load_weights_mismatch_lists_missing_unexpected_and_shapes(saved):

@@ -16,8 +16,8 @@ import course_utils.recording as rec
 def shell(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_RECORDINGS_DIR", str(tmp_path))
     monkeypatch.delenv("COURSE_RECORD", raising=False)
-    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     sh = InteractiveShell.instance()
+    sh.run_cell("%matplotlib inline")  # as in a Jupyter kernel: figures display as PNG
     sh.run_cell("%load_ext course_utils")
     return sh
 
