@@ -128,6 +128,19 @@ def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: flo
     if getattr(fn, "__module__", "__main__") in ("__main__", "__mp_main__"):
         raise WorkerError(f"{getattr(fn, '__name__', fn)!r} is defined in the notebook (module __main__); "
                           "a new process cannot import it. Put it in a module, e.g. course_utils.")
+    for attempt in range(3):
+        try:
+            return _launch_once(fn, world_size, args, timeout, start_method, backend)
+        except WorkerError as exc:
+            # The free port found a moment ago can be taken by another program before rank 0 listens
+            # on it: pick another port and start again.
+            if "EADDRINUSE" not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], timeout: float,
+                 start_method: str | None, backend: str) -> list[Any]:
     ctx = _context(start_method)
     queue = ctx.Queue()
     port = free_port()

@@ -62,16 +62,21 @@ def test_agrees_with_torch_utils_benchmark_on_cpu_matmul():
     """Within 15% of torch.utils.benchmark.Timer (same threads) on a CPU matmul.
 
     Both are medians of repeated timings of the same product; on a busy 2-core machine a single
-    comparison can be disturbed, so the comparison is made up to three times and the best ratio is kept.
+    comparison can be disturbed, so the comparison is made up to four times and the best ratio is kept.
     """
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(384, 384, generator=g), torch.randn(384, 384, generator=g)
+    timer = tub.Timer("torch.matmul(a, b)", globals={"a": a, "b": b, "torch": torch},
+                      num_threads=torch.get_num_threads())
     ratios = []
-    for _ in range(3):
+    for attempt in range(4):
+        # Alternate which is measured first, so a change of load on the machine favours neither.
+        first_ours = attempt % 2 == 0
+        if not first_ours:
+            theirs = timer.blocked_autorange(min_run_time=0.5).median
         ours = benchmark(torch.matmul, a, b, device="cpu", warmup=5, repeat=15).median
-        timer = tub.Timer("torch.matmul(a, b)", globals={"a": a, "b": b, "torch": torch},
-                          num_threads=torch.get_num_threads())
-        theirs = timer.blocked_autorange(min_run_time=0.5).median
+        if first_ours:
+            theirs = timer.blocked_autorange(min_run_time=0.5).median
         ratios.append(ours / theirs)
         if abs(ratios[-1] - 1) < 0.15:
             break
