@@ -166,7 +166,7 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
                                       f"{procs[dead[0]].exitcode}") from None
                 continue
             if not good:
-                raise WorkerError(f"{fn.__name__} failed on rank {rank}:\n{value}")
+                raise WorkerError(_first_failure(fn.__name__, {rank: value}, queue))
             results[rank] = value
     finally:
         for p in procs:
@@ -175,6 +175,24 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
                 p.kill()
                 p.join()
     return [results[r] for r in range(world_size)]
+
+
+def _first_failure(name: str, failures: dict[int, str], queue: Any, grace: float = 3.0) -> str:
+    """The report of the lowest failing rank. When one rank fails, the others usually fail soon after
+    with "connection closed by peer"; waiting a moment for their reports and naming the lowest rank
+    makes the message point at the cause rather than at whichever echo arrived first."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            rank, good, value = queue.get(timeout=max(0.05, deadline - time.monotonic()))
+        except Exception:  # queue.Empty
+            break
+        if not good:
+            failures[rank] = value
+    first = min(failures)
+    others = sorted(set(failures) - {first})
+    also = f"\n(also failed: rank {', '.join(map(str, others))})" if others else ""
+    return f"{name} failed on rank {first}:\n{failures[first]}{also}"
 
 
 # --- workers of the lesson (each runs in its own process, the group already set up) ----------------
