@@ -6,6 +6,11 @@
 #   make record      on a GPU host: run the notebooks and rewrite the recorded GPU outputs
 #                    (NB=notebooks/01_cpu_vs_gpu.ipynb for one notebook)
 #   make sync        rebuild the badge and setup cells of every notebook from pyproject's Repository URL
+#   make lint        ruff over course_utils, tests, tools, benchmarks and the notebooks (make test runs it)
+#   make site        static HTML of the course from the stored outputs into site/ (index = notebook map)
+#   make browser-test  every notebook in JupyterLab driven through Debian's Chromium (apt-get install
+#                    chromium), and the site; screenshots in test-output/browser/
+#   make binder-check  binder/'s environment in a fresh venv; every notebook executed there (nbclient)
 # gpu-check and record use $(PY) (default python3) as it is, e.g. with packages on PYTHONPATH from a
 # wheelhouse on an offline host; they never create .venv.
 
@@ -18,7 +23,7 @@ PYTEST_ARGS ?=
 NB ?= notebooks
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: lab test unit nbval refresh gpu-check record sync venv-test clean
+.PHONY: lab test unit nbval refresh gpu-check record sync venv-test clean lint site browser-test binder-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +37,11 @@ $(VENV)/.test-installed: tests/requirements.txt tests/constraints.txt pyproject.
 	$(BIN)/python -m pip install -q -c tests/constraints.txt -r tests/requirements.txt -e .
 	touch $@
 
+# make browser-test and make site: JupyterLab, Playwright and nbconvert on top of the test environment.
+$(VENV)/.browser-installed: tests/requirements-browser.txt tests/constraints.txt $(VENV)/.test-installed
+	$(BIN)/python -m pip install -q -c tests/constraints.txt -r tests/requirements-browser.txt
+	touch $@
+
 venv-test: $(VENV)/.test-installed
 
 lab: $(VENV)/.lab-installed
@@ -40,11 +50,27 @@ lab: $(VENV)/.lab-installed
 # Stored outputs come from a CPU run, so the tests hide any GPU (a GPU host validates with gpu-check).
 CPU_ONLY := CUDA_VISIBLE_DEVICES= COURSE_DEVICE=cpu
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.test-installed lint
 	$(CPU_ONLY) $(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
 
 unit: $(VENV)/.test-installed
 	$(CPU_ONLY) $(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check course_utils tests tools benchmarks notebooks
+
+site: $(VENV)/.browser-installed
+	$(BIN)/python tools/build_site.py
+
+# Chromium comes from the system (Debian: apt-get install chromium), never from `playwright install`.
+CHROMIUM ?= /usr/bin/chromium
+browser-test: site
+	@test -x $(CHROMIUM) || { echo "browser-test needs Chromium at $(CHROMIUM): apt-get install -y chromium"; exit 1; }
+	$(CPU_ONLY) CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/browser -v --durations=0 $(PYTEST_ARGS)
+
+# A fresh venv in build/binder-venv with binder/requirements.txt and postBuild; every notebook runs there.
+binder-check:
+	$(PYTHON) tools/check_binder.py
 
 refresh: $(VENV)/.test-installed
 	$(BIN)/python tools/refresh_notebooks.py $(NOTEBOOKS)

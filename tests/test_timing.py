@@ -58,14 +58,19 @@ def test_bad_input():
         benchmark(lambda: None, repeat=0)
 
 
-def test_agrees_with_torch_utils_benchmark_on_cpu_matmul():
+def test_agrees_with_torch_utils_benchmark_on_cpu_matmul(request):
     """Within 15% of torch.utils.benchmark.Timer (same threads) on a CPU matmul.
 
     Both are medians of repeated timings of the same product; on a busy 2-core machine a single
     comparison can be disturbed, so the comparison is made up to four times and the best ratio is kept.
     """
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(384, 384, generator=g), torch.randn(384, 384, generator=g)
+    a, b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
+    threads = torch.get_num_threads()
+    # One thread: a multi-threaded matmul on a machine whose cores are shared waits for its slowest
+    # thread, which makes both timers' figures swing far more than the 15% under test.
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
     timer = tub.Timer("torch.matmul(a, b)", globals={"a": a, "b": b, "torch": torch},
                       num_threads=torch.get_num_threads())
     ratios = []
