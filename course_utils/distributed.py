@@ -431,7 +431,13 @@ def gpu_model(width: int = 4096, depth: int = 8, seed: int = 0) -> nn.Module:
 
 
 def _timed_steps(model: nn.Module, x: torch.Tensor, steps: int, warmup: int = 5) -> float:
-    """Seconds per training step (forward, backward, SGD step), after warm-up, CUDA synchronised."""
+    """Seconds per training step (forward, backward, SGD step), timed by `course_utils.benchmark`.
+
+    The number of steps per sample is fixed (no calibration), so that every DDP rank takes exactly the
+    same number of steps: each one all-reduces gradients with the others.
+    """
+    from .timing import benchmark
+
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
     def step() -> None:
@@ -439,14 +445,9 @@ def _timed_steps(model: nn.Module, x: torch.Tensor, steps: int, warmup: int = 5)
         model(x).float().pow(2).mean().backward()
         opt.step()
 
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps
+    repeat = 3
+    return benchmark(step, device=x.device, warmup=warmup, repeat=repeat,
+                     number=max(1, steps // repeat)).median
 
 
 def measure_one_gpu(batch: int, steps: int = 20, width: int = 4096) -> dict[str, Any]:
