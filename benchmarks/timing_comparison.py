@@ -8,12 +8,14 @@ and a device-to-device copy, it measures
 - ``torch.utils.benchmark.Timer.blocked_autorange`` (PyTorch's own benchmark tool),
 - raw CUDA events around a loop of calls (the reference),
 
-prints one table (rates, and course/raw, which should lie within 0.95–1.05) and writes it, with the
+prints one table (rates, and course/raw, which should lie within 0.95–1.05; see `measure` for how the
+rounds are paired) and writes it, with the
 device name, the PyTorch and CUDA versions and the date, to a JSON file that notebook 01 shows as its
 "reference figures".
 
     python benchmarks/timing_comparison.py                       # writes course_utils/data/reference_figures.json
     python benchmarks/timing_comparison.py --output /tmp/t.json --sizes 4096 --strict
+    python benchmarks/timing_comparison.py --output /tmp/t.json --only bf16 pageable --rounds 21
 
 Exits with status 2 and a message on a machine without a CUDA GPU; with ``--strict``, exits 1 when a
 course/raw ratio is outside 1 ± tolerance.
@@ -26,7 +28,9 @@ import contextlib
 import json
 import math
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -48,6 +52,8 @@ from course_utils.timing import benchmark  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "course_utils" / "data" / "reference_figures.json"
 MIB = 2**20
+DEFAULT_ROUNDS = 11
+"""Rounds per case: each round times the case once with each of the three methods."""
 
 
 @dataclass
@@ -183,19 +189,98 @@ def time_torch_benchmark(fn: Callable[[], Any], min_run_time: float = 0.3) -> fl
     return Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
 
 
+class ClockMonitor:
+    """The GPU's SM clock and power draw while a case runs, sampled by ``nvidia-smi`` every 100 ms.
+
+    Why it is in the table: under a heavy matmul an H200 reaches its power limit and lowers its clock,
+    so the same kernel runs faster one second and slower the next. The clock range beside each row
+    shows how much the GPU itself varied while the three timers took their turns. Without
+    ``nvidia-smi`` (or for a non-CUDA device) the monitor records nothing and the row has no clock figures.
+    """
+
+    QUERY = "uuid,clocks.sm,power.draw"
+
+    def __init__(self, device: torch.device, interval_ms: int = 100) -> None:
+        smi = shutil.which("nvidia-smi")
+        self._cmd = None if smi is None or device.type != "cuda" else [
+            smi, f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits", f"-lms={interval_ms}"]
+        self._uuid = _gpu_uuid(device) if self._cmd else None
+        self._proc: subprocess.Popen[str] | None = None
+        self.samples: list[tuple[float, float]] = []
+
+    def __enter__(self) -> ClockMonitor:
+        if self._cmd is not None:
+            with contextlib.suppress(OSError):
+                self._proc = subprocess.Popen(self._cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                              text=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            out, _ = self._proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            out, _ = self._proc.communicate()
+        self.samples = parse_smi_samples(out, self._uuid)
+
+    def summary(self) -> dict[str, Any]:
+        """``{"sm_clock_mhz": [min, max], "power_w_max": w}``, or ``{}`` when nothing was sampled."""
+        if not self.samples:
+            return {}
+        clocks = [c for c, _ in self.samples]
+        return {"sm_clock_mhz": [min(clocks), max(clocks)], "power_w_max": max(p for _, p in self.samples)}
+
+
+def _gpu_uuid(device: torch.device) -> str | None:
+    """The GPU's UUID without nvidia-smi's ``GPU-`` prefix, or None when this PyTorch does not say."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return str(uuid).removeprefix("GPU-").lower() if uuid is not None else None
+
+
+def parse_smi_samples(text: str, uuid: str | None = None) -> list[tuple[float, float]]:
+    """(SM clock in MHz, power in W) from ``nvidia-smi --query-gpu=uuid,clocks.sm,power.draw`` CSV lines.
+
+    Only the GPU with ``uuid`` is kept; without a uuid (or when no line has it), all lines are kept if
+    they come from a single GPU, and none otherwise (they could not be told apart). Lines that are not a uuid and two numbers
+    (``[N/A]``, a half-written last line) are skipped.
+    """
+    rows = []
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != 3:
+            continue
+        try:
+            rows.append((parts[0].removeprefix("GPU-").lower(), float(parts[1]), float(parts[2])))
+        except ValueError:
+            continue
+    if uuid is not None and not any(r[0] == uuid for r in rows):
+        uuid = None
+    if uuid is None and len({r[0] for r in rows}) > 1:
+        return []
+    return [(clock, power) for gpu, clock, power in rows if uuid is None or gpu == uuid]
+
+
 def measure(case: Case, device: str | torch.device, quick: bool = False, rounds: int | None = None
             ) -> dict[str, Any]:
     """Time ``case`` three ways; a row of the table (seconds and rates, and course/raw).
 
-    The three methods take turns over several rounds (the order rotating each round) and each reports
-    the median of its rounds, so a drift of the machine during the run (seen with pageable copies, whose
-    speed depends on the host's memory state) does not favour the method that happened to run first.
+    The three methods take turns over several rounds, the order rotating each round. A method's
+    figure is the median over its rounds; ``ratio`` is the median over rounds of course/raw *within
+    the same round*. Pairing matters on a real GPU: its clock follows its power draw and temperature,
+    and pageable copies follow the host's memory state, so consecutive seconds can differ by several
+    percent. Comparing two timers that ran a second apart measures that drift; comparing them
+    within a round cancels most of it. The per-round seconds are kept in the row (``rounds``).
     """
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     repeat, min_time = (3, 0.002) if quick else (5, 0.02)
-    rounds = rounds if rounds is not None else (1 if quick else 5)
+    rounds = rounds if rounds is not None else (1 if quick else DEFAULT_ROUNDS)
+    if rounds < 1:
+        raise ValueError(f"measure(): rounds must be >= 1, got {rounds}")
     with fp32_precision(case.precision):
         fn = case.setup()
         methods: dict[str, Callable[[], float]] = {
@@ -205,18 +290,23 @@ def measure(case: Case, device: str | torch.device, quick: bool = False, rounds:
         }
         names = list(methods)
         samples: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                samples[name].append(methods[name]())
-        seconds = {name: statistics.median(values) for name, values in samples.items()}
+        with ClockMonitor(dev) as monitor:
+            for r in range(rounds):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    samples[name].append(methods[name]())
         methods.clear()  # drop the closures over the tensors before empty_cache
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+    seconds = {name: statistics.median(values) for name, values in samples.items()}
+    paired = [raw / course for course, raw in zip(samples["course"], samples["raw"], strict=True)]
     row: dict[str, Any] = {"case": case.name, "unit": case.unit, "work": case.work}
     for key, value in seconds.items():
         row[f"{key}_s"] = value
         row[key] = case.rate(value)
-    row["ratio"] = row["course"] / row["raw"]
+    row["ratio"] = statistics.median(paired)  # course rate / raw rate, round by round
+    row["ratio_range"] = [min(paired), max(paired)]
+    row["rounds"] = samples
+    row.update(monitor.summary())
     return row
 
 
@@ -248,8 +338,10 @@ def outliers(rows: Sequence[dict[str, Any]], tolerance: float = 0.05) -> list[st
 
 
 def run(device: str | torch.device, sizes: Sequence[int], copy_bytes: int, quick: bool = False,
-        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Measure every case on ``device``; ``progress`` is called with each case's name first."""
+        progress: Callable[[str], None] | None = None, rounds: int | None = None,
+        only: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Measure every case on ``device`` (those whose name contains one of ``only``, if given);
+    ``progress`` is called with each case's name first."""
     dev = torch.device(device)
     if dev.type == "cuda":  # let the clocks ramp up before the first measured case
         a = _randn((4096, 4096), torch.float32, dev)
@@ -260,9 +352,11 @@ def run(device: str | torch.device, sizes: Sequence[int], copy_bytes: int, quick
         del a
     rows = []
     for case in make_cases(dev, sizes, copy_bytes):
+        if only and not any(part in case.name for part in only):
+            continue
         if progress is not None:
             progress(case.name)
-        rows.append(measure(case, dev, quick=quick))
+        rows.append(measure(case, dev, quick=quick, rounds=rounds))
     return rows
 
 
@@ -273,6 +367,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192], help="matmul sizes n (n × n)")
     parser.add_argument("--copy-mib", type=float, default=256, help="size of each copy in MiB (default 256)")
     parser.add_argument("--device", default="cuda", help="CUDA device (default: cuda, the current one)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help=f"rounds per case, each timing it once per method (default {DEFAULT_ROUNDS})")
+    parser.add_argument("--only", nargs="+", default=[], metavar="TEXT",
+                        help="time only the cases whose name contains one of these (e.g. bf16 pageable)")
     parser.add_argument("--tolerance", type=float, default=0.05, help="allowed |course/raw - 1| (0.05)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a ratio is out of tolerance")
     args = parser.parse_args(argv)
@@ -287,10 +385,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     device = torch.device(args.device)
-    rows = run(device, args.sizes, int(args.copy_mib * MIB), progress=lambda name: print(
-        f"  timing {name} ...", file=sys.stderr, flush=True))
-    meta = environment(device)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    rows = run(device, args.sizes, int(args.copy_mib * MIB), rounds=args.rounds, only=args.only,
+               progress=lambda name: print(f"  timing {name} ...", file=sys.stderr, flush=True))
+    if not rows:
+        parser.error(f"--only {' '.join(args.only)} matches no case")
+    meta = {**environment(device), "rounds": args.rounds}
     print(format_reference_table(rows, meta))
+    print(f"\ncourse/raw, round by round ({args.rounds} rounds): median [min, max]")
+    for row in rows:
+        low, high = row["ratio_range"]
+        print(f"  {row['case']:<40} {row['ratio']:.3f} [{low:.3f}, {high:.3f}]")
     bad = outliers(rows, args.tolerance)
     if bad:
         print(f"\ncourse/raw outside 1 ± {args.tolerance}: {', '.join(bad)}", file=sys.stderr)

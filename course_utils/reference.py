@@ -50,11 +50,28 @@ def _num(value: Any) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def _range(value: Any, fmt: str) -> str:
+    """``[low, high]`` as ``'low–high'``, or ``'–'`` when absent."""
+    if (isinstance(value, list | tuple) and len(value) == 2
+            and all(isinstance(v, int | float) for v in value)):
+        return f"{value[0]:{fmt}}–{value[1]:{fmt}}"
+    return "–"
+
+
 def format_reference_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None) -> str:
-    """A plain-text table: one line per case, the three timings as rates, and course/raw."""
+    """A plain-text table: one line per case, the three timings as rates, and course/raw.
+
+    Rows made with several rounds also show the range of course/raw over the rounds, and rows with
+    clock samples the GPU's SM clock range while the case ran (``ratio_range``, ``sm_clock_mhz``).
+    """
     header = ["case", "unit", *(title for _, title in COLUMNS), "course/raw"]
+    extra = [(key, title, fmt) for key, title, fmt in (("ratio_range", "range over rounds", ".2f"),
+                                                       ("sm_clock_mhz", "SM clock, MHz", ".0f"))
+             if any(key in r for r in rows)]
+    header += [title for _, title, _ in extra]
     body = [[str(r.get("case", "?")), str(r.get("unit", "")), *(_num(r.get(key)) for key, _ in COLUMNS),
-             f"{r['ratio']:.3f}" if isinstance(r.get("ratio"), int | float) else "–"] for r in rows]
+             f"{r['ratio']:.3f}" if isinstance(r.get("ratio"), int | float) else "–",
+             *(_range(r.get(key), fmt) for key, _, fmt in extra)] for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
 
     def fmt(line: list[str]) -> str:
@@ -64,8 +81,9 @@ def format_reference_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str,
 
     lines = []
     if meta:
+        rounds = f" · {meta['rounds']} rounds per case" if isinstance(meta.get("rounds"), int) else ""
         lines.append(f"{meta.get('device', '?')} · PyTorch {meta.get('torch', '?')} · CUDA {meta.get('cuda', '?')}"
-                     f" · {meta.get('date', '?')}")
+                     f" · {meta.get('date', '?')}{rounds}")
     lines += [fmt(header), "  ".join("-" * w for w in widths)]
     lines += [fmt(line) for line in body]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import statistics
 import sys
 import time
@@ -235,11 +236,34 @@ def test_script_cases_and_rows_on_cpu(script, tmp_path):
         assert row["ratio"] > 0 and row["course_s"] > 0
     meta = script.environment("cpu")
     assert {"device", "torch", "cuda", "date"} <= meta.keys()
+    for row in rows:  # one round in quick mode: the paired ratio is that round's
+        assert row["ratio_range"] == [row["ratio"], row["ratio"]]
+        assert row["ratio"] == pytest.approx(row["raw_s"] / row["course_s"])
     path = script.write_json(tmp_path / "ref.json", rows, meta)
     data = reference.load_reference_figures(path)
     assert data["rows"][0]["case"] == "matmul fp32 32²"
     table = reference.format_reference_table(data["rows"], data["meta"])
     assert "course/raw" in table and "torch.utils.benchmark" in table and "matmul bf16 32²" in table
+
+
+def test_script_pairs_rounds_and_filters_cases(script, monkeypatch):
+    """The ratio is the median of course/raw within each round, so a drift of the machine between
+    rounds (here raw and course both slow down by 2x in the later rounds) cancels out."""
+    course = iter([1.0, 1.0, 2.0, 2.0, 2.0])
+    raw = iter([1.0, 1.02, 2.0, 2.04, 1.98])
+    monkeypatch.setattr(script, "time_raw", lambda fn, dev, **kw: next(raw))
+    monkeypatch.setattr(script, "benchmark", lambda fn, device, **kw: type("T", (), {"median": next(course)}))
+    monkeypatch.setattr(script, "time_torch_benchmark", lambda fn, **kw: 1.5)
+    case = script.make_cases("cpu", sizes=[8], copy_bytes=64)[0]
+    row = script.measure(case, "cpu", rounds=5)
+    assert row["rounds"]["course"] == [1.0, 1.0, 2.0, 2.0, 2.0]
+    assert row["ratio"] == pytest.approx(1.0)  # rounds: 1.0, 1.02, 1.0, 1.02, 0.99
+    assert row["ratio_range"] == pytest.approx([0.99, 1.02])
+    with pytest.raises(ValueError, match="rounds"):
+        script.measure(case, "cpu", rounds=0)
+    monkeypatch.undo()
+    rows = script.run("cpu", [16], 256, quick=True, only=["bf16", "device→device"])
+    assert [r["case"] for r in rows] == ["matmul bf16 16²", "device→device 0.000244141 MiB (read+write)"]
 
 
 def test_script_fp32_precision_restores_without_the_legacy_flag(script):
@@ -262,6 +286,33 @@ def test_script_needs_cuda(script, tmp_path, capsys):
     assert script.main(["--output", str(tmp_path / "x.json")]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_reference_table_shows_round_range_and_clock(tmp_path):
+    rows = [{"case": "matmul bf16 4096²", "unit": "TFLOP/s", "course": 665.0, "torch_benchmark": 662.0,
+             "raw": 675.0, "ratio": 0.995, "ratio_range": [0.896, 1.021], "sm_clock_mhz": [1170.0, 1980.0]},
+            {"case": "device→device", "unit": "GB/s", "course": 4121.0, "torch_benchmark": 4123.0,
+             "raw": 4119.0, "ratio": 1.001, "ratio_range": [0.999, 1.004]}]
+    lines = reference.format_reference_table(rows, {"device": "NVIDIA H200", "torch": "2.11", "cuda": "13.0",
+                                                    "date": "2026-12-02", "rounds": 11}).splitlines()
+    assert lines[0].endswith("· 2026-12-02 · 11 rounds per case")
+    assert lines[1].split("  ")[-1].strip() == "SM clock, MHz" and "range over rounds" in lines[1]
+    assert re.split(r"\s{2,}", lines[3])[-3:] == ["0.995", "0.90–1.02", "1170–1980"]
+    assert re.split(r"\s{2,}", lines[4])[-3:] == ["1.001", "1.00–1.00", "–"]
+    assert len({len(line) for line in lines[1:4]}) == 1  # columns line up
+
+
+def test_script_parses_nvidia_smi_samples(script):
+    text = ("GPU-ab12, 1980, 705.10\nGPU-cd34, 345, 80.0\nGPU-ab12, 1170, 699.9\n"
+            "GPU-ab12, [N/A], 700\nGPU-ab12, 19")
+    assert script.parse_smi_samples(text, "ab12") == [(1980.0, 705.1), (1170.0, 699.9)]
+    assert script.parse_smi_samples(text, None) == []  # two GPUs and no way to tell which is ours
+    one_gpu = "GPU-ab12, 1980, 705.10\nGPU-ab12, 1170, 699.9\n"
+    assert script.parse_smi_samples(one_gpu, "ffff") == [(1980.0, 705.1), (1170.0, 699.9)]
+    monitor = script.ClockMonitor(torch.device("cpu"))
+    with monitor:
+        pass
+    assert monitor.summary() == {}
 
 
 def test_reference_table_format_and_missing_file(tmp_path, capsys):
