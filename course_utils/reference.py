@@ -50,11 +50,14 @@ def _num(value: Any) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _range(value: Any, fmt: str) -> str:
-    """``[low, high]`` as ``'low–high'``, or ``'–'`` when absent."""
+def _extra(key: str, value: Any) -> str:
+    """An optional column's cell: a ``[low, high]`` range as ``'low–high'``, a number, or ``'–'``."""
+    fmt = ".2f" if key == "ratio_range" else ".0f"
     if (isinstance(value, list | tuple) and len(value) == 2
             and all(isinstance(v, int | float) for v in value)):
         return f"{value[0]:{fmt}}–{value[1]:{fmt}}"
+    if isinstance(value, int | float) and value == value:
+        return f"{value:{fmt}}"
     return "–"
 
 
@@ -62,16 +65,17 @@ def format_reference_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str,
     """A plain-text table: one line per case, the three timings as rates, and course/raw.
 
     Rows made with several rounds also show the range of course/raw over the rounds, and rows with
-    clock samples the GPU's SM clock range while the case ran (``ratio_range``, ``sm_clock_mhz``).
+    ``nvidia-smi`` samples the GPU's SM clock range and peak power while the case ran
+    (``ratio_range``, ``sm_clock_mhz``, ``power_w_max``).
     """
     header = ["case", "unit", *(title for _, title in COLUMNS), "course/raw"]
-    extra = [(key, title, fmt) for key, title, fmt in (("ratio_range", "range over rounds", ".2f"),
-                                                       ("sm_clock_mhz", "SM clock, MHz", ".0f"))
+    extra = [(key, title) for key, title in (("ratio_range", "range over rounds"),
+                                             ("sm_clock_mhz", "SM clock, MHz"), ("power_w_max", "peak power, W"))
              if any(key in r for r in rows)]
-    header += [title for _, title, _ in extra]
+    header += [title for _, title in extra]
     body = [[str(r.get("case", "?")), str(r.get("unit", "")), *(_num(r.get(key)) for key, _ in COLUMNS),
              f"{r['ratio']:.3f}" if isinstance(r.get("ratio"), int | float) else "–",
-             *(_range(r.get(key), fmt) for key, _, fmt in extra)] for r in rows]
+             *(_extra(key, r.get(key)) for key, _ in extra)] for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
 
     def fmt(line: list[str]) -> str:

@@ -290,15 +290,16 @@ def test_script_needs_cuda(script, tmp_path, capsys):
 
 def test_reference_table_shows_round_range_and_clock(tmp_path):
     rows = [{"case": "matmul bf16 4096²", "unit": "TFLOP/s", "course": 665.0, "torch_benchmark": 662.0,
-             "raw": 675.0, "ratio": 0.995, "ratio_range": [0.896, 1.021], "sm_clock_mhz": [1170.0, 1980.0]},
+             "raw": 675.0, "ratio": 0.995, "ratio_range": [0.896, 1.021], "sm_clock_mhz": [1170.0, 1980.0],
+             "power_w_max": 700.96},
             {"case": "device→device", "unit": "GB/s", "course": 4121.0, "torch_benchmark": 4123.0,
              "raw": 4119.0, "ratio": 1.001, "ratio_range": [0.999, 1.004]}]
     lines = reference.format_reference_table(rows, {"device": "NVIDIA H200", "torch": "2.11", "cuda": "13.0",
                                                     "date": "2026-12-02", "rounds": 11}).splitlines()
     assert lines[0].endswith("· 2026-12-02 · 11 rounds per case")
-    assert lines[1].split("  ")[-1].strip() == "SM clock, MHz" and "range over rounds" in lines[1]
-    assert re.split(r"\s{2,}", lines[3])[-3:] == ["0.995", "0.90–1.02", "1170–1980"]
-    assert re.split(r"\s{2,}", lines[4])[-3:] == ["1.001", "1.00–1.00", "–"]
+    assert re.split(r"\s{2,}", lines[1])[-3:] == ["range over rounds", "SM clock, MHz", "peak power, W"]
+    assert re.split(r"\s{2,}", lines[3])[-4:] == ["0.995", "0.90–1.02", "1170–1980", "701"]
+    assert re.split(r"\s{2,}", lines[4])[-4:] == ["1.001", "1.00–1.00", "–", "–"]
     assert len({len(line) for line in lines[1:4]}) == 1  # columns line up
 
 
