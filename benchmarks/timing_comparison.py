@@ -8,10 +8,9 @@ and a device-to-device copy, it measures
 - ``torch.utils.benchmark.Timer.blocked_autorange`` (PyTorch's own benchmark tool),
 - raw CUDA events around a loop of calls (the reference),
 
-prints one table (rates, and course/raw, which should lie within 0.95–1.05; see `measure` for how the
-rounds are paired) and writes it, with the
-device name, the PyTorch and CUDA versions and the date, to a JSON file that notebook 01 shows as its
-"reference figures".
+prints one table (rates, and course/raw, which should lie within 0.95–1.05; `measure` says how the
+rounds are paired) and writes it, with the device name, the PyTorch and CUDA versions and the date, to a
+JSON file that notebook 01 shows as its "reference figures".
 
     python benchmarks/timing_comparison.py                       # writes course_utils/data/reference_figures.json
     python benchmarks/timing_comparison.py --output /tmp/t.json --sizes 4096 --strict
@@ -244,8 +243,8 @@ def parse_smi_samples(text: str, uuid: str | None = None) -> list[tuple[float, f
     """(SM clock in MHz, power in W) from ``nvidia-smi --query-gpu=uuid,clocks.sm,power.draw`` CSV lines.
 
     Only the GPU with ``uuid`` is kept; without a uuid (or when no line has it), all lines are kept if
-    they come from a single GPU, and none otherwise (they could not be told apart). Lines that are not a uuid and two numbers
-    (``[N/A]``, a half-written last line) are skipped.
+    they come from a single GPU, and none otherwise (they could not be told apart). Lines that are not
+    a uuid and two numbers (``[N/A]``, a half-written last line) are skipped.
     """
     rows = []
     for line in text.splitlines():
@@ -393,10 +392,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--only {' '.join(args.only)} matches no case")
     meta = {**environment(device), "rounds": args.rounds}
     print(format_reference_table(rows, meta))
-    print(f"\ncourse/raw, round by round ({args.rounds} rounds): median [min, max]")
-    for row in rows:
-        low, high = row["ratio_range"]
-        print(f"  {row['case']:<40} {row['ratio']:.3f} [{low:.3f}, {high:.3f}]")
     bad = outliers(rows, args.tolerance)
     if bad:
         print(f"\ncourse/raw outside 1 ± {args.tolerance}: {', '.join(bad)}", file=sys.stderr)

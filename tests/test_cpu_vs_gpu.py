@@ -288,7 +288,7 @@ def test_script_needs_cuda(script, tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_reference_table_shows_round_range_and_clock(tmp_path):
+def test_reference_table_shows_round_range_and_clock():
     rows = [{"case": "matmul bf16 4096²", "unit": "TFLOP/s", "course": 665.0, "torch_benchmark": 662.0,
              "raw": 675.0, "ratio": 0.995, "ratio_range": [0.896, 1.021], "sm_clock_mhz": [1170.0, 1980.0],
              "power_w_max": 700.96},
