@@ -13,12 +13,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COLUMNS", "default_path", "format_reference_table", "load_reference_figures",
+__all__ = ["COLUMNS", "EXTRA_COLUMNS", "default_path", "format_reference_table", "load_reference_figures",
            "show_reference_figures"]
 
 COLUMNS = (("course", "course_utils"), ("torch_benchmark", "torch.utils.benchmark"),
            ("raw", "raw CUDA events"))
 """(row key, column title) of the three timings, in the order they are printed."""
+
+EXTRA_COLUMNS = (("ratio_range", "range over rounds", ".2f"), ("sm_clock_mhz", "SM clock, MHz", ".0f"),
+                 ("power_w_max", "peak power, W", ".0f"))
+"""(row key, column title, number format) of the optional columns, printed when a row has the key."""
 
 
 def default_path() -> Path:
@@ -50,9 +54,8 @@ def _num(value: Any) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _extra(key: str, value: Any) -> str:
+def _extra(value: Any, fmt: str) -> str:
     """An optional column's cell: a ``[low, high]`` range as ``'low–high'``, a number, or ``'–'``."""
-    fmt = ".2f" if key == "ratio_range" else ".0f"
     if (isinstance(value, list | tuple) and len(value) == 2
             and all(isinstance(v, int | float) for v in value)):
         return f"{value[0]:{fmt}}–{value[1]:{fmt}}"
@@ -69,13 +72,11 @@ def format_reference_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str,
     (``ratio_range``, ``sm_clock_mhz``, ``power_w_max``).
     """
     header = ["case", "unit", *(title for _, title in COLUMNS), "course/raw"]
-    extra = [(key, title) for key, title in (("ratio_range", "range over rounds"),
-                                             ("sm_clock_mhz", "SM clock, MHz"), ("power_w_max", "peak power, W"))
-             if any(key in r for r in rows)]
-    header += [title for _, title in extra]
+    extra = [(key, title, fmt) for key, title, fmt in EXTRA_COLUMNS if any(key in r for r in rows)]
+    header += [title for _, title, _ in extra]
     body = [[str(r.get("case", "?")), str(r.get("unit", "")), *(_num(r.get(key)) for key, _ in COLUMNS),
              f"{r['ratio']:.3f}" if isinstance(r.get("ratio"), int | float) else "–",
-             *(_extra(key, r.get(key)) for key, _ in extra)] for r in rows]
+             *(_extra(r.get(key), fmt) for key, _, fmt in extra)] for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
 
     def fmt(line: list[str]) -> str:
