@@ -1,6 +1,8 @@
 # GPU Usage in PyTorch: the two commands (lab, test) and the maintainer targets.
 #   make lab         JupyterLab on the course, in .venv (LAB_ARGS="--no-browser --ip=0.0.0.0" on a server)
-#   make test        pinned test environment in .venv, unit tests, strict nbval over every notebook
+#   make test        pinned test environment in .venv, unit tests, strict nbval over every notebook,
+#                    then strict nbval again on another CPU code path (make nbval-other-cpu)
+#   make compat TORCH=2.6.0  a venv with that torch: every notebook executed, and the unit tests
 #   make refresh     re-execute every notebook in place (pinned CPU environment) to regenerate outputs
 #   make gpu-check   on a GPU host: run every notebook (outputs not compared), fail on any error
 #   make record      on a GPU host: run the notebooks and rewrite the recorded GPU outputs
@@ -23,7 +25,7 @@ PYTEST_ARGS ?=
 NB ?= notebooks
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: lab test unit nbval refresh gpu-check record sync venv-test clean lint site browser-test binder-check
+.PHONY: lab test nbval-other-cpu compat unit nbval refresh gpu-check record sync venv-test clean lint site browser-test binder-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,8 +52,25 @@ lab: $(VENV)/.lab-installed
 # Stored outputs come from a CPU run, so the tests hide any GPU (a GPU host validates with gpu-check).
 CPU_ONLY := CUDA_VISIBLE_DEVICES= COURSE_DEVICE=cpu
 
+# The stored outputs must hold on any CPU, so make test runs strict nbval a second time on another code
+# path: one thread, AVX2 kernels in ATen, MKL and oneDNN (how one machine imitates another CPU).
+# OTHER_CPU_ISA=default makes ATen use its plain kernels instead.
+OTHER_CPU_ISA ?= avx2
+OTHER_CPU := OMP_NUM_THREADS=1 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=$(OTHER_CPU_ISA) ONEDNN_MAX_CPU_ISA=AVX2
+
 test: $(VENV)/.test-installed lint
 	$(CPU_ONLY) $(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory nbval-other-cpu
+
+nbval-other-cpu: $(VENV)/.test-installed
+	$(CPU_ONLY) $(OTHER_CPU) $(BIN)/python -m pytest -q notebooks
+
+# make compat TORCH=2.6.0: a separate venv (build/compat-2.6.0) with that torch; every notebook executed
+# (outputs not compared; cells tagged raises-exception must still raise, no other cell may) and the unit tests.
+TORCH ?=
+compat:
+	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=2.6.0"; exit 2; }
+	$(PYTHON) tools/compat.py $(TORCH)
 
 unit: $(VENV)/.test-installed
 	$(CPU_ONLY) $(BIN)/python -m pytest tests $(PYTEST_ARGS)

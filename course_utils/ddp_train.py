@@ -17,6 +17,9 @@
   (``TORCHELASTIC_RESTART_COUNT`` is 0); with ``torchrun --max-restarts=1`` the job restarts and resumes.
 - Rank 0 ends by printing exactly one line ``final weights sha256: <hex>``: a SHA-256 over the bytes of
   the final parameters (CPU float32, in `named_parameters` order). Same hash, same weights, bit for bit.
+  Compare hashes only between runs on one machine: another CPU (AVX2, AVX-512, ARM) or BLAS code path
+  rounds differently in the last bits, so the same job gives other bytes there.
+- Losses are printed with 2 decimals, which do not depend on those last bits.
 """
 
 from __future__ import annotations
@@ -285,7 +288,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                     "step": step, "world_size": world, "model": model.state_dict(),
                     "optimizer": opt.state_dict(), "rng": rngs})
             dist.barrier()  # nobody runs ahead of a snapshot that is still being written
-            log(f"step {step:3d}/{args.steps}  loss {loss.item():.4f}  snapshot saved")
+            log(f"step {step:3d}/{args.steps}  loss {loss.item():.2f}  snapshot saved")
 
     if rank == 0:
         print(f"{HASH_PREFIX} {weights_sha256(model)}", flush=True)

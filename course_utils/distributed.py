@@ -48,6 +48,7 @@ __all__ = [
     "measure_ddp",
     "measure_one_gpu",
     "print_source",
+    "short_digest",
     "start_worker_pool",
     "tiny_model",
     "torchrun",
@@ -65,6 +66,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def short_digest(digest: str | None, digits: int = 12) -> str:
+    """The first ``digits`` hex digits of a digest and "…", for the eye; "(none)" when there is none."""
+    return f"{digest[:digits]}…" if digest else "(none)"
 
 
 def print_source(fn: Callable[..., Any]) -> None:
@@ -286,7 +292,7 @@ def train_ddp(rank: int, world_size: int, checkpoint_dir: str, epochs: int = 3,
             opt.zero_grad()
             loss.backward()
             opt.step()
-        losses.append(round(loss.item(), 4))
+        losses.append(round(loss.item(), 2))  # 2 decimals: the same on any CPU
         if rank == 0:  # one writer: the weights are the same on every rank
             torch.save({"epoch": epoch, "model": model.module.state_dict(),
                         "optimizer": opt.state_dict()}, Path(checkpoint_dir) / f"epoch-{epoch}.pt")
@@ -335,9 +341,16 @@ class TorchrunResult:
         return keep
 
     def show(self, stderr: bool = True) -> None:
-        """Print the command, rank 0's lines, and torchrun's notable messages (deterministic text)."""
+        """Print the command, rank 0's lines, and torchrun's notable messages.
+
+        The final-weights hash is shortened to its first 12 hex digits, followed by "…": the bytes of
+        the weights depend on the CPU's instruction set, so the hash is for the eye (and for comparing
+        runs on this machine, in code), not a value to expect elsewhere.
+        """
         print(f"$ {self.display}")
         for line in self.stdout.splitlines():
+            if line.startswith(HASH_PREFIX):
+                line = f"{HASH_PREFIX} {short_digest(line[len(HASH_PREFIX):].strip())}"
             print(f"  {line}")
         if stderr:
             for line in self.notable_stderr():

@@ -84,6 +84,18 @@ def test_torchrun_prints_one_hash(plain: D.TorchrunResult) -> None:
     assert plain.sha256 is not None and len(plain.sha256) == 64
 
 
+def test_show_prints_a_short_hash_and_two_decimal_losses(plain: D.TorchrunResult,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """What a notebook stores must not depend on the CPU: the full hash and 4-decimal losses do."""
+    plain.show()
+    shown = capsys.readouterr().out
+    assert plain.sha256 is not None and plain.sha256 not in shown
+    assert f"final weights sha256: {plain.sha256[:12]}…" in shown
+    losses = [line.split("loss ")[1].split()[0] for line in shown.splitlines() if " loss " in line]
+    assert losses and all(len(x.split(".")[1]) == 2 for x in losses), losses
+    assert D.short_digest(None) == "(none)"
+
+
 def test_fault_injected_run_has_same_hash(plain: D.TorchrunResult, work: Path) -> None:
     r = D.torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1"],
                    [*STEPS, "--checkpoint-dir", "faulty", "--fail-at-step", "6"], cwd=work)

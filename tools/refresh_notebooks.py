@@ -6,11 +6,16 @@
 Run it in the pinned test environment (`make refresh` does). GPUs are hidden (CUDA_VISIBLE_DEVICES=""
 and COURSE_DEVICE=cpu), so GPU cells store their recordings, as on a student's CPU-only machine and in
 strict nbval. Cells tagged ``raises-exception`` may raise; any other error stops with a message.
+
+Tracebacks of those deliberate errors name files on this machine; they are stored with the installed
+packages' folder as ``<site-packages>/`` and this repository's files relative to its root, so that a
+student never reads the folders of the machine that refreshed the notebook.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +25,29 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 
+ROOT = Path(__file__).resolve().parents[1]
+_SITE_PACKAGES = re.compile(r"(/[^\s\"':\x1b]+)?/(site|dist)-packages/")
+_IPYKERNEL_CELL = re.compile(r"/tmp/ipykernel_\d+/\d+\.py")
+
+
+def scrub_paths(text: str, root: Path = ROOT) -> str:
+    """``text`` without this machine's folders: installed packages, this repository, kernel cell files."""
+    text = _SITE_PACKAGES.sub("<site-packages>/", text)
+    text = _IPYKERNEL_CELL.sub("<ipykernel-cell>", text)
+    return text.replace(str(root) + os.sep, "")
+
+
+def scrub_outputs(nb: nbformat.NotebookNode) -> None:
+    """Apply `scrub_paths` to every stored traceback, error value and stream text."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if "traceback" in out:
+                out["traceback"] = [scrub_paths(line) for line in out["traceback"]]
+            for key in ("evalue", "text"):
+                if isinstance(out.get(key), str):
+                    out[key] = scrub_paths(out[key])
+
+
 def refresh(path: Path, timeout: int = 600) -> float:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
@@ -27,6 +55,7 @@ def refresh(path: Path, timeout: int = 600) -> float:
     t0 = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - t0
+    scrub_outputs(nb)
     nbformat.write(nb, path)
     return elapsed
 
