@@ -18,7 +18,6 @@ from course_utils import gpus, memory
 from course_utils.exercises import cuda_api
 from course_utils.gpus import GpuMemory, NoGpuError
 
-
 # Hand-written examples of the *layout* of `nvidia-smi -q -d Memory` (values made up, not a capture):
 # current drivers print a Reserved line in the FB Memory Usage block; older ones did not.
 CURRENT_LAYOUT = """
