@@ -35,9 +35,6 @@ __all__ = ["check_average_gradients", "check_epoch_orders", "check_topology"]
 
 # --- 1. ranks and world size ------------------------------------------------------------------------
 
-TOPOLOGY = {"nnodes": 2, "nproc_per_node": 4, "node_rank": 1, "local_rank": 2}
-
-
 def check_topology(answer: dict[str, int]) -> Verdict:
     """2 nodes × 4 processes; the process with local rank 2 on node 1 (nodes count from 0)."""
     want = {"world_size": 8, "rank": 6, "local_rank": 2, "local_world_size": 4}
@@ -73,14 +70,14 @@ def _source_of(fn: Callable[..., Any]) -> str:
 
 def _run_student(rank: int, world_size: int, source: str, name: str) -> dict[str, Any]:
     """Worker (runs in each process): compare the student's gradients with the whole-batch ones."""
-    from ..distributed import _local_slice, global_batch, tiny_model
+    from ..ddp_workers import global_batch, local_slice, tiny_model
 
     namespace: dict[str, Any] = {"torch": torch, "dist": dist, "nn": nn}
     exec(compile(source, f"<your {name}>", "exec"), namespace)
     fn = namespace[name]
     x, y = global_batch()
     model = tiny_model()
-    nn.functional.mse_loss(model(_local_slice(x, rank, world_size)), _local_slice(y, rank, world_size)).backward()
+    nn.functional.mse_loss(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
     local = [p.grad.clone() for p in model.parameters()]
     fn(model)
     got = [p.grad for p in model.parameters()]
@@ -102,7 +99,7 @@ def check_average_gradients(fn: Callable[..., Any], world_size: int = 2) -> Verd
 
     Correct when every rank then holds the gradient of the whole global batch (the mean over ranks).
     """
-    from ..distributed import WorkerError, launch
+    from ..launch import WorkerError, launch
 
     if not callable(fn):
         return fail(f"expected your function average_gradients, got {type(fn).__name__}.")

@@ -1,4 +1,4 @@
-"""Tests of course_utils.distributed, course_utils.ddp_train and the notebook-05 checkers.
+"""Notebook 05: course_utils.launch, .ddp_workers, .torchrun, .ddp_train and the notebook-05 checkers.
 
 The multi-process tests use gloo on 127.0.0.1 with free ports, a tiny model and few steps; the torchrun
 runs are shared between tests (module-scoped fixtures), because starting a worker costs seconds.
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import distributed as D
+from course_utils import ddp_workers as W
+from course_utils import launch as L
+from course_utils import torchrun as T
 from course_utils.ddp_train import (
     SnapshotError,
     find_latest_snapshot,
@@ -20,7 +22,11 @@ from course_utils.ddp_train import (
     save_snapshot,
     weights_sha256,
 )
-from course_utils.exercises.distributed import check_average_gradients, check_epoch_orders, check_topology
+from course_utils.exercises.distributed_data_parallel import (
+    check_average_gradients,
+    check_epoch_orders,
+    check_topology,
+)
 
 STEPS = ["--device", "cpu", "--steps", "12"]
 
@@ -31,36 +37,36 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def plain(work: Path) -> D.TorchrunResult:
-    r = D.torchrun(["--standalone", "--nproc-per-node=2"], [*STEPS, "--checkpoint-dir", "plain"], cwd=work)
+def plain(work: Path) -> T.TorchrunResult:
+    r = T.torchrun(["--standalone", "--nproc-per-node=2"], [*STEPS, "--checkpoint-dir", "plain"], cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
 
-def _hash_lines(r: D.TorchrunResult) -> list[str]:
+def _hash_lines(r: T.TorchrunResult) -> list[str]:
     return [line for line in r.stdout.splitlines() if line.startswith("final weights sha256:")]
 
 
 def test_free_port_is_bindable() -> None:
-    port = D.free_port()
+    port = L.free_port()
     assert 1024 <= port < 65536
 
 
 def test_all_reduce_equals_ddp_equals_one_process() -> None:
-    for r in D.launch(D.compare_gradients, 2):
+    for r in L.launch(W.compare_gradients, 2):
         assert r["manual_vs_single"] and r["ddp_vs_single"] and r["manual_vs_ddp"], r
         assert r["max_diff"] < 1e-6
 
 
 def test_collectives_demo() -> None:
-    ranks = D.launch(D.collectives_demo, 2)
+    ranks = L.launch(W.collectives_demo, 2)
     assert ranks[0][1].endswith("[3.0, 30.0]") and ranks[1][1].endswith("[3.0, 30.0]")
     assert ranks[1][2].endswith("[0.0, 0.0]")  # broadcast from rank 0
 
 
 def test_launch_reports_worker_error() -> None:
-    with pytest.raises(D.WorkerError, match="rank 0"):
-        D.launch(D.train_ddp, 2, "/nonexistent/folder/for/checkpoints", 1)
+    with pytest.raises(L.WorkerError, match="rank 0"):
+        L.launch(W.train_ddp, 2, "/nonexistent/folder/for/checkpoints", 1)
 
 
 def test_launch_refuses_main_function() -> None:
@@ -68,23 +74,23 @@ def test_launch_refuses_main_function() -> None:
         pass
 
     local.__module__ = "__main__"
-    with pytest.raises(D.WorkerError, match="cannot import it"):
-        D.launch(local, 2)
+    with pytest.raises(L.WorkerError, match="cannot import it"):
+        L.launch(local, 2)
 
 
 def test_train_ddp_weights_identical(tmp_path: Path) -> None:
-    ranks = D.launch(D.train_ddp, 2, str(tmp_path), 2)
+    ranks = L.launch(W.train_ddp, 2, str(tmp_path), 2)
     assert ranks[0]["sha256"] == ranks[1]["sha256"]
     assert ranks[0]["first_indices"][0] != ranks[0]["first_indices"][1]  # set_epoch reshuffles
     assert ranks[1]["files"] == ["epoch-0.pt", "epoch-1.pt"]  # rank 1 sees rank 0's files after the barrier
 
 
-def test_torchrun_prints_one_hash(plain: D.TorchrunResult) -> None:
+def test_torchrun_prints_one_hash(plain: T.TorchrunResult) -> None:
     assert len(_hash_lines(plain)) == 1
     assert plain.sha256 is not None and len(plain.sha256) == 64
 
 
-def test_show_prints_a_short_hash_and_two_decimal_losses(plain: D.TorchrunResult,
+def test_show_prints_a_short_hash_and_two_decimal_losses(plain: T.TorchrunResult,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """What a notebook stores must not depend on the CPU: the full hash and 4-decimal losses do."""
     plain.show()
@@ -93,25 +99,30 @@ def test_show_prints_a_short_hash_and_two_decimal_losses(plain: D.TorchrunResult
     assert f"final weights sha256: {plain.sha256[:12]}…" in shown
     losses = [line.split("loss ")[1].split()[0] for line in shown.splitlines() if " loss " in line]
     assert losses and all(len(x.split(".")[1]) == 2 for x in losses), losses
-    assert D.short_digest(None) == "(none)"
+    assert T.short_digest(None) == "(none)"
 
 
-def test_fault_injected_run_has_same_hash(plain: D.TorchrunResult, work: Path) -> None:
-    r = D.torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1"],
+def test_fault_injected_run_has_same_hash(plain: T.TorchrunResult, work: Path) -> None:
+    r = T.torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1"],
                    [*STEPS, "--checkpoint-dir", "faulty", "--fail-at-step", "6"], cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "simulated crash at step 6" in r.stderr
+    notable = r.notable_stderr()  # the crash, then torchrun naming the failed worker; no pids or paths
+    assert notable[0] == "[rank 1] simulated crash at step 6 (attempt 0)", notable
+    assert any(line.startswith("failed (exitcode: 1) local_rank: 1 (pid: <PID>) of binary: python")
+               for line in notable), notable
+    assert not any(ch.isdigit() for line in notable[1:] for ch in line.split("exitcode")[0]), notable
     assert "resumed from snapshot-000004.pt" in r.stdout
     assert r.sha256 == plain.sha256
 
 
-def test_corrupt_snapshot_is_skipped_and_run_resumes(plain: D.TorchrunResult, work: Path) -> None:
+def test_corrupt_snapshot_is_skipped_and_run_resumes(plain: T.TorchrunResult, work: Path) -> None:
     folder = work / "corrupt"
     shutil.copytree(work / "plain", folder)
     newest = folder / "snapshot-000012.pt"
     newest.write_bytes(newest.read_bytes()[:-50])
     (folder / ".snapshot-000016.pt.tmp").write_bytes(b"half")
-    r = D.torchrun(["--standalone", "--nproc-per-node=2"], [*STEPS, "--checkpoint-dir", "corrupt"], cwd=work)
+    r = T.torchrun(["--standalone", "--nproc-per-node=2"], [*STEPS, "--checkpoint-dir", "corrupt"], cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "skipping snapshot-000012.pt fails its checksum" in r.stdout
     assert "resumed from snapshot-000008.pt" in r.stdout
@@ -119,11 +130,11 @@ def test_corrupt_snapshot_is_skipped_and_run_resumes(plain: D.TorchrunResult, wo
 
 
 def test_two_nodes_equal_one_node_of_four(work: Path) -> None:
-    nodes = D.torchrun_two_nodes([*STEPS, "--checkpoint-dir", "nodes"], nproc_per_node=2, cwd=work)
+    nodes = T.torchrun_two_nodes([*STEPS, "--checkpoint-dir", "nodes"], nproc_per_node=2, cwd=work)
     assert [r.returncode for r in nodes] == [0, 0], nodes[0].stderr[-3000:] + nodes[1].stderr[-3000:]
     hashes = [r.sha256 for r in nodes if r.sha256]
     assert len(hashes) == 1  # exactly one launch hosts rank 0
-    single = D.torchrun(["--standalone", "--nproc-per-node=4"], [*STEPS, "--checkpoint-dir", "single"], cwd=work)
+    single = T.torchrun(["--standalone", "--nproc-per-node=4"], [*STEPS, "--checkpoint-dir", "single"], cwd=work)
     assert single.returncode == 0, single.stderr[-3000:]
     assert "world size 4" in single.stdout
     assert hashes[0] == single.sha256

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from course_utils import gpus, memory
-from course_utils.exercises import cuda_api
+from course_utils.exercises import torch_cuda_api
 from course_utils.gpus import GpuMemory, NoGpuError
 
 # Hand-written examples of the *layout* of `nvidia-smi -q -d Memory` (values made up, not a capture):
@@ -282,7 +282,7 @@ def test_format_mib():
 # --- exercise checkers ----------------------------------------------------------------------------------
 
 def test_check_logical_to_physical():
-    assert cuda_api.check_logical_to_physical(gpus.logical_to_physical)
+    assert torch_cuda_api.check_logical_to_physical(gpus.logical_to_physical)
 
     def sorted_ids(visible, n):
         return list(range(n)) if visible is None else sorted(int(v) for v in visible.split(",") if v)
@@ -298,42 +298,42 @@ def test_check_logical_to_physical():
     def crashes_on_none(visible, n):
         return [int(v) for v in visible.split(",") if v]
 
-    v = cuda_api.check_logical_to_physical(sorted_ids)
+    v = torch_cuda_api.check_logical_to_physical(sorted_ids)
     assert not v and "Do not sort" in v.hint
-    v = cuda_api.check_logical_to_physical(empty_means_all)
+    v = torch_cuda_api.check_logical_to_physical(empty_means_all)
     assert not v and "empty string" in v.message
-    v = cuda_api.check_logical_to_physical(skips_invalid)
+    v = torch_cuda_api.check_logical_to_physical(skips_invalid)
     assert not v and "stops at the first invalid" in v.hint
-    v = cuda_api.check_logical_to_physical(crashes_on_none)
+    v = torch_cuda_api.check_logical_to_physical(crashes_on_none)
     assert not v and "raised AttributeError" in v.message and "None" in v.hint
-    v = cuda_api.check_logical_to_physical(lambda visible, n: {0: 2, 1: 3})
+    v = torch_cuda_api.check_logical_to_physical(lambda visible, n: {0: 2, 1: 3})
     assert not v and "dict" in v.message
-    assert not cuda_api.check_logical_to_physical("2,3")
+    assert not torch_cuda_api.check_logical_to_physical("2,3")
 
 
 def test_check_memory_prediction():
-    right = list(cuda_api.EXPECTED_MEMORY)
-    assert cuda_api.check_memory_prediction(right)
-    assert cuda_api.check_memory_prediction([(float(a), float(r)) for a, r in right])
+    right = list(torch_cuda_api.EXPECTED_MEMORY)
+    assert torch_cuda_api.check_memory_prediction(right)
+    assert torch_cuda_api.check_memory_prediction([(float(a), float(r)) for a, r in right])
     # del gives memory back to the driver (it does not)
     wrong = right[:2] + [(128, 128)] + right[3:]
-    v = cuda_api.check_memory_prediction(wrong)
+    v = torch_cuda_api.check_memory_prediction(wrong)
     assert not v and "step 3" in v.message and "reserved" in v.message and "cache" in v.hint
     # empty_cache releases a split segment (it does not)
     wrong = right[:4] + [(192, 192)] + right[5:]
-    v = cuda_api.check_memory_prediction(wrong)
+    v = torch_cuda_api.check_memory_prediction(wrong)
     assert not v and "step 5" in v.message and "entirely free" in v.hint
     # w reuses the 192 MiB that is left (it cannot)
     wrong = right[:5] + [(392, 392)] + right[6:]
-    v = cuda_api.check_memory_prediction(wrong)
+    v = torch_cuda_api.check_memory_prediction(wrong)
     assert not v and "step 6" in v.message and "fragmentation" in v.hint
-    v = cuda_api.check_memory_prediction([(a, a) for a, _ in right])
+    v = torch_cuda_api.check_memory_prediction([(a, a) for a, _ in right])
     assert not v and "step 3" in v.message
-    v = cuda_api.check_memory_prediction([(256, 0)] + right[1:])
+    v = torch_cuda_api.check_memory_prediction([(256, 0)] + right[1:])
     assert not v and "less than allocated" in v.message
-    assert not cuda_api.check_memory_prediction(right[:5])
-    assert not cuda_api.check_memory_prediction("256, 256")
-    assert not cuda_api.check_memory_prediction(None)
+    assert not torch_cuda_api.check_memory_prediction(right[:5])
+    assert not torch_cuda_api.check_memory_prediction("256, 256")
+    assert not torch_cuda_api.check_memory_prediction(None)
 
 
 def _reference_pick(free, n, need):
@@ -344,8 +344,8 @@ def _reference_pick(free, n, need):
 
 
 def test_check_pick_gpus():
-    assert cuda_api.check_pick_gpus(_reference_pick)
-    assert cuda_api.check_pick_gpus(lambda f, n, need: _reference_pick(f, n, need).replace(",", ", "))
+    assert torch_cuda_api.check_pick_gpus(_reference_pick)
+    assert torch_cuda_api.check_pick_gpus(lambda f, n, need: _reference_pick(f, n, need).replace(",", ", "))
 
     def first_n(free, n, need):
         return ",".join(str(i) for i in list(free)[:n])
@@ -368,15 +368,15 @@ def test_check_pick_gpus():
             raise RuntimeError
         return ",".join(str(i) for i in ids[:n])
 
-    v = cuda_api.check_pick_gpus(first_n)
+    v = torch_cuda_api.check_pick_gpus(first_n)
     assert not v and "the example" in v.message
-    v = cuda_api.check_pick_gpus(ascending)
+    v = torch_cuda_api.check_pick_gpus(ascending)
     assert not v
-    v = cuda_api.check_pick_gpus(ignores_need)
+    v = torch_cuda_api.check_pick_gpus(ignores_need)
     assert not v and "no 1 GPU has 4000 MiB free" in v.message or "leave out" in v.hint
-    v = cuda_api.check_pick_gpus(as_list)
+    v = torch_cuda_api.check_pick_gpus(as_list)
     assert not v and "not a string" in v.message
-    v = cuda_api.check_pick_gpus(tie_to_higher)
+    v = torch_cuda_api.check_pick_gpus(tie_to_higher)
     assert not v and "a tie" in v.message and "lower id" in v.hint
-    v = cuda_api.check_pick_gpus(lambda f, n, need: 1 / 0)
+    v = torch_cuda_api.check_pick_gpus(lambda f, n, need: 1 / 0)
     assert not v and "ZeroDivisionError" in v.message

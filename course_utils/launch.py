@@ -1,0 +1,161 @@
+"""Start processes from a notebook, joined into a process group: notebook 05 (DistributedDataParallel).
+
+Processes started with the *spawn* (or *forkserver*) method do not inherit the notebook's memory: they
+unpickle the function they should run by its module and name, so that function must be importable.
+A function defined in a notebook cell is not; the lesson's workers live in `course_utils.ddp_workers`.
+
+- `launch(fn, world_size, *args)` starts ``world_size`` processes on this machine, joins them into a
+  gloo (or NCCL) process group over 127.0.0.1 on a free port, runs ``fn(rank, world_size, *args)`` in
+  each and returns the per-rank results, or raises `WorkerError` with the failing rank's traceback.
+- `start_worker_pool()` starts the forkserver early, so the first launch does not wait for imports.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["WorkerError", "free_port", "launch", "start_worker_pool"]
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed, or did not finish in time."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now (the OS picks it: bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+
+def _context(start_method: str | None) -> Any:
+    """forkserver where it exists (fast: torch is imported once, in the server), else spawn."""
+    if start_method is None:
+        start_method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        # DistributedDataParallel imports torch._dynamo (seconds): do it once, in the server.
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "course_utils.ddp_workers"])
+    return ctx
+
+
+def start_worker_pool(start_method: str | None = None) -> None:
+    """Start the forkserver now (it imports torch once, in the background); no-op with spawn."""
+    ctx = _context(start_method)
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple[Any, ...],
+           queue: Any, timeout: float, backend: str) -> None:
+    """What each launched process runs: join the group, call ``fn``, send back its result."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    try:
+        extra: dict[str, Any] = {}
+        if backend == "nccl":  # one GPU per process: rank r uses cuda:r
+            torch.cuda.set_device(rank)
+            extra["device_id"] = torch.device("cuda", rank)
+        else:
+            torch.set_num_threads(1)
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout), **extra)
+        try:
+            queue.put((rank, True, fn(rank, world_size, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 60.0,
+           start_method: str | None = None, backend: str = "gloo") -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes joined by a process group.
+
+    ``backend`` is ``"gloo"`` (CPU, the default) or ``"nccl"`` (rank r on ``cuda:r``).
+    ``fn`` must be importable (defined in a module, not in a notebook cell) and its arguments and
+    return value picklable. Returns the results ordered by rank. Raises `WorkerError` with the first
+    failing rank's traceback, or when the processes do not finish within ``timeout`` seconds.
+    """
+    if getattr(fn, "__module__", "__main__") in ("__main__", "__mp_main__"):
+        raise WorkerError(f"{getattr(fn, '__name__', fn)!r} is defined in the notebook (module __main__); "
+                          "a new process cannot import it. Put it in a module, e.g. course_utils.")
+    for attempt in range(3):
+        try:
+            return _launch_once(fn, world_size, args, timeout, start_method, backend)
+        except WorkerError as exc:
+            # The free port found a moment ago can be taken by another program before rank 0 listens
+            # on it: pick another port and start again.
+            if "EADDRINUSE" not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], timeout: float,
+                 start_method: str | None, backend: str) -> list[Any]:
+    ctx = _context(start_method)
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, queue, timeout, backend),
+                         daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerError(f"{fn.__name__}: only ranks {sorted(results)} of {world_size} finished "
+                                  f"within {timeout:.0f} s")
+            try:
+                rank, good, value = queue.get(timeout=min(left, 1.0))
+            except Exception:  # queue.Empty: check that nobody died silently
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                if dead:
+                    raise WorkerError(f"{fn.__name__}: rank {dead[0]} died with exit code "
+                                      f"{procs[dead[0]].exitcode}") from None
+                continue
+            if not good:
+                raise WorkerError(_first_failure(fn.__name__, {rank: value}, queue))
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results[r] for r in range(world_size)]
+
+
+def _first_failure(name: str, failures: dict[int, str], queue: Any, grace: float = 3.0) -> str:
+    """The report of the lowest failing rank. When one rank fails, the others usually fail soon after
+    with "connection closed by peer"; waiting a moment for their reports and naming the lowest rank
+    makes the message point at the cause rather than at whichever echo arrived first."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            rank, good, value = queue.get(timeout=max(0.05, deadline - time.monotonic()))
+        except Exception:  # queue.Empty
+            break
+        if not good:
+            failures[rank] = value
+    first = min(failures)
+    others = sorted(set(failures) - {first})
+    also = f"\n(also failed: rank {', '.join(map(str, others))})" if others else ""
+    return f"{name} failed on rank {first}:\n{failures[first]}{also}"
+
