@@ -13,7 +13,8 @@ from typing import Any
 
 from .devices import DeviceError, available_devices, cuda_device_count, get_device
 from .environment import environment_report
-from .timing import Timing, benchmark, format_seconds, synchronize
+from .formatting import format_seconds
+from .timing import Timing, benchmark, synchronize
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-__all__ = ["DeviceError", "available_devices", "cuda_device_count", "get_device"]
+__all__ = ["DeviceError", "accelerator_type", "available_devices", "cuda_device_count", "get_device"]
 
 ENV_VAR = "COURSE_DEVICE"
 
@@ -29,20 +29,27 @@ def cuda_device_count() -> int:
         return 0
 
 
+def accelerator_type() -> str | None:
+    """This machine's accelerator as `torch.accelerator` sees it: ``'cuda'``, ``'mps'``, ``'xpu'``..., or None.
+
+    The one place the course asks which accelerator is present. Does not initialise CUDA.
+    """
+    if not torch.accelerator.is_available():
+        return None
+    current = torch.accelerator.current_accelerator()
+    return None if current is None else current.type
+
+
 def _mps_available() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
+    return bool(torch.backends.mps.is_available())
 
 
 def _other_accelerator() -> tuple[str, int] | None:
-    """(type, count) of a `torch.accelerator` backend other than CUDA and MPS, if one is present."""
-    acc = getattr(torch, "accelerator", None)
-    if acc is None or not acc.is_available():
+    """(type, count) of an accelerator other than CUDA and MPS (Intel's XPU, ...), if one is present."""
+    kind = accelerator_type()
+    if kind is None or kind in ("cuda", "mps", "cpu"):
         return None
-    current = acc.current_accelerator()
-    if current is None or current.type in ("cuda", "mps", "cpu"):
-        return None
-    return current.type, int(acc.device_count())
+    return kind, int(torch.accelerator.device_count())
 
 
 def available_devices() -> list[str]:

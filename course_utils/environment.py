@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .devices import DeviceError, available_devices, cuda_device_count, get_device
+from .devices import DeviceError, accelerator_type, available_devices, cuda_device_count, get_device
 
 __all__ = ["cpu_model", "environment_report", "in_colab"]
 
@@ -76,13 +76,7 @@ def environment_report(show: bool = True) -> dict[str, Any]:
 
     Returns the facts as a dict. On Colab without a GPU runtime the report says how to select one.
     """
-    mps = getattr(torch.backends, "mps", None)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    acc = getattr(torch, "accelerator", None)
-    accelerator = None
-    if acc is not None and acc.is_available():
-        current = acc.current_accelerator()
-        accelerator = current.type if current is not None else None
     try:
         chosen = str(get_device())
     except DeviceError as exc:
@@ -94,12 +88,12 @@ def environment_report(show: bool = True) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda_build": torch.version.cuda,
         "cudnn": cudnn,
-        "hip_build": getattr(torch.version, "hip", None),
+        "hip_build": torch.version.hip,
         "driver": _driver_version() if gpus else None,
         "gpus": gpus,
-        "mps_built": bool(mps is not None and mps.is_built()),
-        "mps_available": bool(mps is not None and mps.is_available()),
-        "accelerator": accelerator,
+        "mps_built": bool(torch.backends.mps.is_built()),
+        "mps_available": bool(torch.backends.mps.is_available()),
+        "accelerator": accelerator_type(),
         "cpu": cpu_model(),
         "cpu_logical_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

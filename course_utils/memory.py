@@ -15,12 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["find_max_batch_size", "format_mib", "release_memory"]
-
-
-def format_mib(nbytes: int | float) -> str:
-    """Bytes as MiB with one decimal: ``'256.0 MiB'``."""
-    return f"{nbytes / 2**20:.1f} MiB"
+__all__ = ["find_max_batch_size", "release_memory"]
 
 
 def release_memory(full_gc: bool = False) -> None:

@@ -10,24 +10,10 @@ ahead of another.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["crossover", "draw_architecture", "plot_bars", "plot_rates", "si_format"]
-
-_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-
-
-def si_format(value: float, unit: str = "", digits: int = 3) -> str:
-    """``si_format(4.12e14, 'FLOP/s')`` → ``'412 TFLOP/s'``; three significant digits by default."""
-    if not math.isfinite(value):
-        return f"{value} {unit}".strip()
-    for scale, prefix in _PREFIXES:
-        if abs(value) >= scale:
-            return f"{value / scale:.{digits}g} {prefix}{unit}".strip()
-    return f"{value:.{digits}g} {unit}".strip()
-
+__all__ = ["crossover", "draw_architecture", "plot_bars", "plot_rates"]
 
 def crossover(sizes: Sequence[float], slow: Sequence[float], fast: Sequence[float]) -> float | None:
     """Smallest size from which ``fast`` beats ``slow`` at that size and every larger one; None if never.

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .formatting import format_number
+
 __all__ = ["COLUMNS", "EXTRA_COLUMNS", "default_path", "format_reference_table", "load_reference_figures",
            "show_reference_figures"]
 
@@ -48,12 +50,6 @@ def load_reference_figures(path: str | Path | None = None) -> dict[str, Any] | N
     return data
 
 
-def _num(value: Any) -> str:
-    if not isinstance(value, int | float) or value != value:  # None or nan
-        return "–"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
 def _extra(value: Any, fmt: str) -> str:
     """An optional column's cell: a ``[low, high]`` range as ``'low–high'``, a number, or ``'–'``."""
     if (isinstance(value, list | tuple) and len(value) == 2
@@ -74,7 +70,7 @@ def format_reference_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str,
     header = ["case", "unit", *(title for _, title in COLUMNS), "course/raw"]
     extra = [(key, title, fmt) for key, title, fmt in EXTRA_COLUMNS if any(key in r for r in rows)]
     header += [title for _, title, _ in extra]
-    body = [[str(r.get("case", "?")), str(r.get("unit", "")), *(_num(r.get(key)) for key, _ in COLUMNS),
+    body = [[str(r.get("case", "?")), str(r.get("unit", "")), *(format_number(r.get(key)) for key, _ in COLUMNS),
              f"{r['ratio']:.3f}" if isinstance(r.get("ratio"), int | float) else "–",
              *(_extra(r.get(key), fmt) for key, _, fmt in extra)] for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]

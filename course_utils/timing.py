@@ -21,18 +21,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["Timing", "benchmark", "format_seconds", "synchronize"]
+from .formatting import format_seconds
 
-
-def format_seconds(seconds: float) -> str:
-    """Human-readable duration: ``'812 ns'``, ``'3.40 µs'``, ``'21.6 ms'``, ``'1.25 s'``."""
-    if not math.isfinite(seconds):
-        return str(seconds)
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(seconds) >= scale:
-            value = seconds / scale
-            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
+__all__ = ["Timing", "benchmark", "synchronize"]
 
 
 @dataclass(frozen=True)
@@ -73,8 +64,7 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     # No device given: CUDA if this process has already started using it, else the CPU.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.device("cuda", torch.cuda.current_device())
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
+    if torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
 
@@ -87,9 +77,7 @@ def synchronize(device: str | torch.device | None = None) -> None:
     elif dev.type == "mps":
         torch.mps.synchronize()
     elif dev.type != "cpu":
-        acc = getattr(torch, "accelerator", None)
-        if acc is not None and acc.is_available():
-            acc.synchronize()
+        torch.accelerator.synchronize()
 
 
 def _time_samples(fn: Callable[[], Any], dev: torch.device, number: int, repeat: int) -> list[float]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from .formatting import format_bytes
 from .timing import Timing, benchmark
 
 __all__ = [
@@ -36,7 +37,6 @@ __all__ = [
     "MEMORIES",
     "TransferResult",
     "bandwidth_sweep",
-    "format_bytes",
     "host_buffer",
     "measure_transfer",
     "plot_bandwidth",
@@ -50,16 +50,6 @@ DIRECTIONS = ("h2d", "d2h")
 MEMORIES = ("pageable", "pinned")
 """Kinds of host memory: ordinary (pageable) or page-locked (pinned)."""
 _LABELS = {"h2d": "host → device", "d2h": "device → host"}
-
-
-def format_bytes(nbytes: int) -> str:
-    """``4096`` → ``'4 KiB'``, ``1 << 30`` → ``'1 GiB'``, ``1536`` → ``'1.5 KiB'``."""
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.3g} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def transfer_sizes(max_bytes: int = 1 << 30, min_bytes: int = 4 << 10, factor: int = 4) -> list[int]:

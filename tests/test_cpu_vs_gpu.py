@@ -185,12 +185,6 @@ def test_crossover():
         plots.crossover([2, 1], [1, 2], [1, 2])
 
 
-def test_si_format():
-    assert plots.si_format(4.12e14, "FLOP/s") == "412 TFLOP/s"
-    assert plots.si_format(5.5e10, "B/s") == "55 GB/s"
-    assert plots.si_format(12.0) == "12"
-
-
 def test_plots_make_figures():
     fig = plots.plot_rates([32, 64, 128], {"cpu": [1.0, 2.0, 3.0], "cuda": [0.5, 3.0, float("nan")]},
                            mark=64, title="t")

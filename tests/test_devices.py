@@ -114,3 +114,16 @@ def test_real_machine_is_consistent():
     dev = get_device()
     assert str(dev) in available_devices() or f"{dev.type}:0" in available_devices()
     torch.zeros(1, device=dev)  # the chosen device really works
+
+
+def test_accelerator_type_is_the_one_probe(monkeypatch):
+    """accelerator_type asks torch.accelerator; the other modules ask accelerator_type."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    assert devices.accelerator_type() is None
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("xpu"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 3)
+    assert devices.accelerator_type() == "xpu"
+    assert devices._other_accelerator() == ("xpu", 3)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("mps"))
+    assert devices._other_accelerator() is None  # MPS has its own branch, CUDA too

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from course_utils import transfer
 from course_utils.exercises import moving_data as md
+from course_utils.formatting import format_bytes, format_number
 
 # ---------------------------------------------------------------- exercise 1: fix the training loop
 
@@ -244,10 +245,17 @@ def test_transfer_sizes():
 
 
 def test_format_bytes():
-    assert transfer.format_bytes(4096) == "4 KiB"
-    assert transfer.format_bytes(1 << 30) == "1 GiB"
-    assert transfer.format_bytes(256 << 20) == "256 MiB"
-    assert transfer.format_bytes(100) == "100 B"
+    assert format_bytes(4096) == "4 KiB"
+    assert format_bytes(1 << 30) == "1 GiB"
+    assert format_bytes(256 << 20) == "256 MiB"
+    assert format_bytes(100) == "100 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(3 << 40) == "3 TiB"
+
+
+def test_format_number():
+    assert format_number(4127.3) == "4,127" and format_number(54.31) == "54.3" and format_number(0.9912) == "0.991"
+    assert format_number(None) == format_number(float("nan")) == format_number("x") == format_number(True) == "–"
 
 
 def test_buffers_and_bad_names():

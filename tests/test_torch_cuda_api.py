@@ -274,11 +274,6 @@ def test_find_max_batch_size_errors():
         memory.find_max_batch_size(broken)
 
 
-def test_format_mib():
-    assert memory.format_mib(256 * 2**20) == "256.0 MiB"
-    memory.release_memory()  # no CUDA here: must not raise
-
-
 # --- exercise checkers ----------------------------------------------------------------------------------
 
 def test_check_logical_to_physical():

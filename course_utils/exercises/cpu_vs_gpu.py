@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from ..timing import benchmark, format_seconds, synchronize
+from ..formatting import format_seconds
+from ..timing import benchmark, synchronize
 from . import Verdict, fail, ok
 
 __all__ = ["SimulatedAsyncDevice", "check_time_per_call"]

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..devices import accelerator_type
 from . import Verdict, fail, ok
 
 __all__ = [
@@ -59,11 +60,9 @@ def make_batches(n: int = 4, batch_size: int = 16, seed: int = 1) -> list[tuple[
 def _other_devices() -> list[torch.device]:
     """Devices to try besides the CPU: meta always, and the accelerator when there is one."""
     devices = [torch.device("meta")]
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and acc.is_available():
-        current = acc.current_accelerator()
-        if current is not None:
-            devices.append(torch.device(current.type, 0) if current.type != "mps" else torch.device("mps"))
+    kind = accelerator_type()
+    if kind is not None:
+        devices.append(torch.device("mps") if kind == "mps" else torch.device(kind, 0))
     return devices
 
 
