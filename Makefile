@@ -1,18 +1,6 @@
 # GPU Usage in PyTorch: the two commands (lab, test) and the maintainer targets.
-#   make lab         JupyterLab on the course, in .venv (LAB_ARGS="--no-browser --ip=0.0.0.0" on a server)
-#   make test        pinned test environment in .venv, unit tests, strict nbval over every notebook,
-#                    then strict nbval again on another CPU code path (make nbval-other-cpu)
-#   make compat TORCH=2.6.0  a venv with that torch: every notebook executed, and the unit tests
-#   make refresh     re-execute every notebook in place (pinned CPU environment) to regenerate outputs
-#   make gpu-check   on a GPU host: run every notebook (outputs not compared), fail on any error
-#   make record      on a GPU host: run the notebooks and rewrite the recorded GPU outputs
-#                    (NB=notebooks/01_cpu_vs_gpu.ipynb for one notebook)
-#   make sync        rebuild the badge and setup cells of every notebook from pyproject's Repository URL
-#   make lint        ruff over course_utils, tests, tools, benchmarks and the notebooks (make test runs it)
-#   make site        static HTML of the course from the stored outputs into site/ (index = notebook map)
-#   make browser-test  every notebook in JupyterLab driven through Debian's Chromium (apt-get install
-#                    chromium), and the site; screenshots in test-output/browser/
-#   make binder-check  binder/'s environment in a fresh venv; every notebook executed there (nbclient)
+# `make help` lists them. Each target's description is the `## ` comment right above its rule: README's
+# command table is generated from those lines (tools/sync_notebooks.py), so write them there only.
 # gpu-check and record use $(PY) (default python3) as it is, e.g. with packages on PYTHONPATH from a
 # wheelhouse on an offline host; they never create .venv.
 
@@ -25,7 +13,11 @@ PYTEST_ARGS ?=
 NB ?= notebooks
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: lab test nbval-other-cpu compat unit nbval refresh gpu-check record sync venv-test clean lint site browser-test binder-check
+.PHONY: help lab test nbval-other-cpu compat unit refresh gpu-check record sync venv-test clean lint site browser-test binder-check
+
+## this list
+help:
+	@$(PYTHON) tools/project.py help
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +38,7 @@ $(VENV)/.browser-installed: tests/requirements-browser.txt tests/constraints.txt
 
 venv-test: $(VENV)/.test-installed
 
+## JupyterLab on the course, in .venv (on a server: LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888")
 lab: $(VENV)/.lab-installed
 	cd notebooks && ../$(BIN)/jupyter lab 00_setup.ipynb $(LAB_ARGS)
 
@@ -58,52 +51,69 @@ CPU_ONLY := CUDA_VISIBLE_DEVICES= COURSE_DEVICE=cpu
 OTHER_CPU_ISA ?= avx2
 OTHER_CPU := OMP_NUM_THREADS=1 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=$(OTHER_CPU_ISA) ONEDNN_MAX_CPU_ISA=AVX2
 
+## pinned .venv; lint; unit tests and strict nbval over every notebook (GPUs hidden: stored outputs
+## are from a CPU run); then strict nbval again on another CPU code path (nbval-other-cpu)
 test: $(VENV)/.test-installed lint
 	$(CPU_ONLY) $(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory nbval-other-cpu
 
+## strict nbval over every notebook on one thread with AVX2 kernels, as another CPU runs it
+## (OTHER_CPU_ISA=default: ATen's plain kernels)
 nbval-other-cpu: $(VENV)/.test-installed
 	$(CPU_ONLY) $(OTHER_CPU) $(BIN)/python -m pytest -q notebooks
 
-# make compat TORCH=2.6.0: a separate venv (build/compat-2.6.0) with that torch; every notebook executed
-# (outputs not compared; cells tagged raises-exception must still raise, no other cell may) and the unit tests.
 TORCH ?=
+## TORCH=X.Y.Z: a separate venv with that torch (build/compat-X.Y.Z); every notebook executed (deliberate
+## errors must still raise) and the unit tests
 compat:
 	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=2.6.0"; exit 2; }
 	$(PYTHON) tools/compat.py $(TORCH)
 
+## the unit tests only (tests/), in the pinned .venv
 unit: $(VENV)/.test-installed
 	$(CPU_ONLY) $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
+## ruff over course_utils, tests, tools, benchmarks and the notebooks; mypy over course_utils (part of test)
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check course_utils tests tools benchmarks notebooks
+	$(BIN)/mypy course_utils
 
+## a static HTML version of the course from the stored outputs, in site/ (offline; index = the notebook map)
 site: $(VENV)/.browser-installed
 	$(BIN)/python tools/build_site.py
 
 # Chromium comes from the system (Debian: apt-get install chromium), never from `playwright install`.
 CHROMIUM ?= /usr/bin/chromium
+## every notebook run in JupyterLab in Debian's Chromium (apt-get install chromium), widgets live, no
+## errors; the site checked; screenshots in test-output/browser/
 browser-test: site
 	@test -x $(CHROMIUM) || { echo "browser-test needs Chromium at $(CHROMIUM): apt-get install -y chromium"; exit 1; }
 	$(CPU_ONLY) CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/browser -v --durations=0 $(PYTEST_ARGS)
 
-# A fresh venv in build/binder-venv with binder/requirements.txt and postBuild; every notebook runs there.
+## binder/'s environment in a fresh venv (build/binder-venv); every notebook executed there
 binder-check:
 	$(PYTHON) tools/check_binder.py
 
+## re-execute every notebook in place in the pinned CPU environment (their stored outputs)
 refresh: $(VENV)/.test-installed
 	$(BIN)/python tools/refresh_notebooks.py $(NOTEBOOKS)
 
+## regenerate every notebook's badge and setup cells, and README's badges, notebook map and command
+## table, from pyproject.toml, tools/project.py, the notebooks and the Makefile
 sync:
 	$(PYTHON) tools/sync_notebooks.py
 
+## on a GPU host: every notebook and unit test with the GPU visible; outputs not compared; any error fails
 gpu-check:
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check needs a CUDA GPU: none is visible')"
 	$(PY) -m pytest --nbval-lax -v --durations=0 $(PYTEST_ARGS)
 
+## on a GPU host: as gpu-check, and every %%gpu cell that runs rewrites its recording
+## (NB=notebooks/01_cpu_vs_gpu.ipynb for one notebook)
 record:
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make record needs a CUDA GPU: none is visible')"
 	COURSE_RECORD=1 TQDM_DISABLE=1 $(PY) -m pytest --nbval-lax -v $(PYTEST_ARGS) $(NB)
 
+## remove .venv, build/ and the egg-info
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -13,12 +13,10 @@ import pytest
 from course_utils.recording import cell_digest, load_recording
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from project import APPENDIX, CURRICULUM  # noqa: E402  (tools/project.py: the curriculum, one place)
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-# The lessons, in order (COURSE_DESIGN §2): the notebook set must be exactly this, so a deleted or renamed
-# notebook fails. Appendices (90_appendix_*.ipynb and up) come on top.
-CURRICULUM = ["00_setup", "01_cpu_vs_gpu", "02_moving_data", "03_torch_cuda_api", "04_data_parallel",
-              "05_distributed_data_parallel", "06_loading_across_devices"]
-APPENDIX = re.compile(r"^9\d_appendix_[a-z0-9_]+$")
 # Paths that belong to one machine, whoever's it is: home folders, temporary folders, an absolute path into
 # an installed package, and this checkout's own location.
 MACHINE_PATH = re.compile("|".join([
@@ -56,8 +54,9 @@ def gpu_cells(nb: dict):
 def test_the_notebook_set_is_the_curriculum():
     stems = [p.stem for p in NOTEBOOKS]
     lessons = [s for s in stems if not s.startswith("9")]
-    assert lessons == CURRICULUM, (f"the lessons must be exactly the curriculum: missing "
-                                   f"{sorted(set(CURRICULUM) - set(lessons))}, unknown {sorted(set(lessons) - set(CURRICULUM))}")
+    want = [lesson.stem for lesson in CURRICULUM]
+    assert lessons == want, (f"the lessons must be exactly the curriculum (tools/project.py): missing "
+                             f"{sorted(set(want) - set(lessons))}, unknown {sorted(set(lessons) - set(want))}")
     odd = [s for s in stems if s.startswith("9") and not APPENDIX.match(s)]
     assert not odd, f"appendices are named 9N_appendix_topic.ipynb: {odd}"
 

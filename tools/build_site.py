@@ -26,12 +26,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import nbformat
-import tomllib
 from jinja2 import DictLoader
 from nbconvert import HTMLExporter
 from nbconvert.filters.markdown_mistune import markdown2html_mistune
+from project import ROOT, repository_url
 
-ROOT = Path(__file__).resolve().parents[1]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # [![alt](image)](target): a badge; the site keeps the link as text, so no remote image is needed.
 IMAGE_LINK = re.compile(r"\[!\[([^\]]*)\]\([^)]*\)\]\(([^)\s]+)\)")
@@ -92,11 +91,6 @@ def badges_as_links(markdown: str) -> str:
     """[![Binder](badge.svg)](url) [![Open In Colab](...)](url2) -> [Binder](url) · [Open In Colab](url2)."""
     text = IMAGE_LINK.sub(r"[\1](\2)", markdown)
     return re.sub(r"(?<=\))[ \t]+(?=\[)", " · ", text) if text != markdown else text
-
-
-def repository_url() -> str:
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["urls"]["Repository"].rstrip("/")
 
 
 def readme_sections() -> tuple[str, str, str]:

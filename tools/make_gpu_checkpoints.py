@@ -34,31 +34,8 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class FooNet(nn.Module):
-    """The lecture's network (notebook 06 defines the same class)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linears = nn.ModuleList([nn.Linear(3, 3, bias=False) for _ in range(3)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for linear in self.linears:
-            x = torch.relu(linear(x))
-        return x
-
-
-class TinyClassifier(nn.Module):
-    """The exercise's network (notebook 06 defines the same class)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hidden = nn.Linear(4, 8)
-        self.out = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.relu(self.hidden(x)))
+sys.path.insert(0, str(ROOT))
+from course_utils.models import FooNet, TinyClassifier  # noqa: E402  (the classes notebook 06 uses)
 
 
 def training_data() -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,6 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-
 ROOT = Path(__file__).resolve().parents[1]
 _SITE_PACKAGES = re.compile(r"(/[^\s\"':\x1b]+)?/(site|dist)-packages/")
 _IPYKERNEL_CELL = re.compile(r"/tmp/ipykernel_\d+/\d+\.py")

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Rebuild the badge cell and the setup cell of every notebook (and README's badges) from the repository URL.
+"""Rebuild what is generated: every notebook's badge and setup cells, and README's badges, notebook map
+and command table.
 
-The URL lives in one place: ``[project.urls] Repository`` in pyproject.toml. Each notebook's first cell
-(tagged ``course-badges``) gets Open-in-Colab and Binder badges for that notebook, and its first code
-cell (tagged ``course-setup``) installs course_utils from the repository when it is missing (Colab opens
-single notebooks) and loads the ``%%gpu`` magic.
+The sources (see tools/project.py): the repository URL in pyproject.toml, the curriculum in
+tools/project.py, the ``course_utils`` imports in each notebook's code cells, and the ``##`` comments of
+the Makefile. Each notebook's first cell (tagged ``course-badges``) gets Open-in-Colab and Binder badges
+for that notebook, and its first code cell (tagged ``course-setup``) installs course_utils from the
+repository when it is missing (Colab opens single notebooks) and loads the ``%%gpu`` magic.
 
-    python tools/sync_notebooks.py            # rewrite notebooks/*.ipynb where needed
-    python tools/sync_notebooks.py --check    # exit 1 if any notebook is out of date (used by the tests)
+    python tools/sync_notebooks.py            # rewrite what is out of date
+    python tools/sync_notebooks.py --check    # exit 1 if anything is out of date (used by the tests)
 
-Only the text of those two cells changes; stored outputs are kept.
+Only the text of those cells and README's marked blocks change; stored outputs are kept.
 """
 
 from __future__ import annotations
@@ -20,16 +22,9 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from project import CURRICULUM, ROOT, make_targets, notebook_modules, repository_url
+
 BRANCH = "main"
-
-
-def repository_url() -> str:
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    m = re.search(r'^Repository\s*=\s*"(https://github\.com/[^"]+?)/?"', text, re.M)
-    if not m:
-        sys.exit("pyproject.toml: [project.urls] needs Repository = \"https://github.com/OWNER/NAME\"")
-    return m.group(1)
 
 
 def badge_source(url: str, name: str) -> str:
@@ -88,9 +83,42 @@ def readme_badges(url: str) -> str:
             f"(https://colab.research.google.com/github/{slug}/blob/{BRANCH}/notebooks/{first})")
 
 
+def _module_links(modules: list[str], folder: str) -> str:
+    return ", ".join(f"[{m.removeprefix('exercises.')}]({folder}{m.replace('.', '/')}.py)" for m in modules) or "–"
+
+
+def readme_notebook_map() -> str:
+    """README's notebook table: each lesson, what it teaches, and the course_utils modules its cells import."""
+    rows = ["| notebook | what it teaches | helpers it imports (`course_utils/`) | checkers (`course_utils/exercises/`) |",
+            "|---|---|---|---|"]
+    for lesson in CURRICULUM:
+        path = ROOT / "notebooks" / f"{lesson.stem}.ipynb"
+        modules = notebook_modules(path) if path.is_file() else []
+        helpers = [m for m in modules if not m.startswith("exercises")]
+        checkers = [m for m in modules if m.startswith("exercises.")]
+        rows.append(f"| [{lesson.stem[:2]} · {lesson.title}](notebooks/{lesson.stem}.ipynb) | {lesson.teaches} | "
+                    f"{_module_links(helpers, 'course_utils/')} | {_module_links(checkers, 'course_utils/')} |")
+    return "\n".join(rows)
+
+
+def readme_commands() -> str:
+    """README's command table, from the ``##`` comments above the Makefile's targets."""
+    rows = ["| command | what |", "|---|---|"]
+    rows += [f"| `make {t.name}` | {t.help} |" for t in make_targets() if t.name != "help"]
+    return "\n".join(rows)
+
+
+def _replace_block(text: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- {name}:[^\n]*-->\n).*?(\n<!-- /{name} -->)", re.S)
+    if not pattern.search(text):
+        sys.exit(f"README.md has no <!-- {name}: ... --> ... <!-- /{name} --> block to fill")
+    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+
+
 def sync_readme(text: str, url: str) -> str:
-    pattern = re.compile(r"(<!-- badges:[^\n]*-->\n).*?(\n<!-- /badges -->)", re.S)
-    return pattern.sub(lambda m: m.group(1) + readme_badges(url) + m.group(2), text)
+    text = _replace_block(text, "badges", readme_badges(url))
+    text = _replace_block(text, "notebooks", readme_notebook_map())
+    return _replace_block(text, "commands", readme_commands())
 
 
 def dump(nb: dict) -> str:

@@ -1,0 +1,146 @@
+"""What the course is made of, in one place: its repository, its lessons, the code each lesson uses, and
+the make targets. `tools/sync_notebooks.py` writes README's generated parts from here, the tests check
+the notebooks against it, and `tools/build_site.py` links to the repository named here.
+
+- `repository_url()`: ``[project.urls] Repository`` in pyproject.toml (a fork changes that line only).
+- `CURRICULUM`: the lessons in order, as (file stem, title, what it teaches). The notebook set must be
+  exactly these (plus appendices, ``9N_appendix_*.ipynb``).
+- `notebook_modules(path)`: the ``course_utils`` modules a notebook's code cells import, read from the
+  notebook itself, so README's map of notebook → code cannot drift from the code.
+- `make_targets()`: each make target with the ``##`` comment above it in the Makefile (``make help``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Lesson(NamedTuple):
+    stem: str
+    title: str
+    teaches: str
+
+
+CURRICULUM: tuple[Lesson, ...] = (
+    Lesson("00_setup", "Setup",
+           "what hardware you have; getting a GPU on Colab; how recorded GPU outputs appear on a CPU-only machine"),
+    Lesson("01_cpu_vs_gpu", "CPU vs GPU",
+           "latency vs throughput; a measured matmul sweep; asynchronous execution and timing it right; launch "
+           "overhead; precision and speed"),
+    Lesson("02_moving_data", "Moving data",
+           "`.to()` for tensors and modules; device mismatch errors; pinned memory and `non_blocking`; "
+           "device-agnostic code"),
+    Lesson("03_torch_cuda_api", "The torch.cuda API",
+           "physical vs logical GPUs and `CUDA_VISIBLE_DEVICES`; choosing GPUs by free memory; seeds; memory "
+           "and out-of-memory"),
+    Lesson("04_data_parallel", "DataParallel",
+           "scatter → parallel compute → gather; `nn.DataParallel` and its limits; a CPU-runnable model of it"),
+    Lesson("05_distributed_data_parallel", "DistributedDataParallel",
+           "processes and all-reduce; DDP on CPU and GPU; `torchrun` on one and two nodes; fault tolerance"),
+    Lesson("06_loading_across_devices", "Loading across devices",
+           "`map_location`; `module.` and `_orig_mod.` prefixes; `weights_only`; optimizer state across devices"),
+)
+
+APPENDIX = re.compile(r"^9\d_appendix_[a-z0-9_]+$")
+"""File stems of appendices (maintainers' validation and the like), numbered from 90."""
+
+
+def repository_url() -> str:
+    """``https://github.com/OWNER/NAME`` from pyproject.toml's ``[project.urls] Repository``."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    m = re.search(r'^Repository\s*=\s*"(https://github\.com/[^"]+?)/?"', text, re.M)
+    if not m:
+        sys.exit('pyproject.toml: [project.urls] needs Repository = "https://github.com/OWNER/NAME"')
+    return m.group(1)
+
+
+# --- which course_utils modules a notebook uses ---------------------------------------------------------
+
+_FROM_PACKAGE = re.compile(r"^\s*from course_utils import \(?([\w\s,()]+?)\)?\s*$", re.M)
+_FROM_MODULE = re.compile(r"^\s*from course_utils\.([\w.]+) import", re.M)
+_FROM_EXERCISES = re.compile(r"^\s*from course_utils\.exercises import \(?([\w\s,]+?)\)?\s*$", re.M)
+_IMPORT_MODULE = re.compile(r"^\s*import course_utils\.([\w.]+)", re.M)
+
+
+def _package_names() -> dict[str, str]:
+    """Names ``course_utils/__init__.py`` re-exports → the module each comes from (read, not imported)."""
+    text = (ROOT / "course_utils" / "__init__.py").read_text(encoding="utf-8")
+    names: dict[str, str] = {}
+    for module, imported in re.findall(r"^from \.(\w+) import ([^\n]+)$", text, re.M):
+        for name in imported.split(","):
+            names[name.strip()] = module
+    return names
+
+
+def notebook_modules(path: Path) -> list[str]:
+    """The ``course_utils`` modules a notebook's code cells import, sorted (``exercises.*`` for checkers).
+
+    ``from course_utils import benchmark`` counts as the module that defines ``benchmark`` (timing);
+    ``from course_utils import gpus`` as ``gpus``. The ``%%gpu`` magic (module ``recording``), which every
+    notebook loads in its setup cell, is left out.
+    """
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    exported = _package_names()
+    found: set[str] = set()
+    for names in _FROM_PACKAGE.findall(source):
+        for name in re.split(r"[\s,()]+", names):
+            if not name:
+                continue
+            if (ROOT / "course_utils" / f"{name}.py").is_file():
+                found.add(name)
+            elif name in exported:
+                found.add(exported[name])
+    for module in _FROM_MODULE.findall(source) + _IMPORT_MODULE.findall(source):
+        found.add(module)
+    for names in _FROM_EXERCISES.findall(source):
+        found.discard("exercises")
+        found.update(f"exercises.{name}" for name in re.split(r"[\s,]+", names) if name)
+    for module in list(found):
+        if module == "exercises" or module.startswith("exercises."):
+            continue
+        parts = module.split(".")
+        found.discard(module)
+        found.add(parts[0])  # course_utils.exercises.x stays whole; course_utils.a.b is module a
+    found.discard("recording")
+    return sorted(found)
+
+
+# --- make targets -------------------------------------------------------------------------------------
+
+class Target(NamedTuple):
+    name: str
+    help: str
+
+
+def make_targets() -> list[Target]:
+    """Every make target that has ``## ...`` comment lines right above its rule, in Makefile order."""
+    targets: list[Target] = []
+    comment: list[str] = []
+    for line in (ROOT / "Makefile").read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            comment.append(line[3:].strip())
+            continue
+        m = re.match(r"^([a-z][\w-]*):", line)
+        if m and comment:
+            targets.append(Target(m.group(1), " ".join(comment)))
+        comment = []
+    return targets
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["help"]:
+        import textwrap
+
+        width = max(len(t.name) for t in make_targets()) + 7
+        for t in make_targets():
+            print(textwrap.fill(t.help, 110, initial_indent=f"make {t.name:<{width - 5}}",
+                                subsequent_indent=" " * width))
+    else:
+        sys.exit("usage: python tools/project.py help")
