@@ -1,4 +1,5 @@
-"""A small, deterministic DistributedDataParallel training job, made to be launched by ``torchrun``.
+"""Notebook 05 (DistributedDataParallel): a small, deterministic DDP training job, made to be launched
+by ``torchrun``.
 
     torchrun --standalone --nproc-per-node=2 -m course_utils.ddp_train --steps 24 --checkpoint-dir DIR
 
@@ -50,6 +51,7 @@ __all__ = [
     "make_dataset",
     "make_model",
     "save_snapshot",
+    "snapshot_path",
     "weights_sha256",
 ]
 
@@ -234,8 +236,8 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     log(f"backend {dist.get_backend()} on {device.type}, world size {world}, attempt {attempt}")
     data = make_dataset(args.samples, args.seed)
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed,
-                                 drop_last=True)
+    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
+        data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     # The loader gets its own generator: otherwise each iter() would draw from the global RNG and shift
     # the dropout stream, and a resumed job (which starts its iterator mid-epoch) would diverge.
     loader = DataLoader(data, batch_size=args.global_batch // world, sampler=sampler, drop_last=True,

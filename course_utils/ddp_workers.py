@@ -19,7 +19,7 @@ from torch import nn
 
 from .ddp_train import make_dataset, make_model, weights_sha256
 
-__all__ = ["collectives_demo", "compare_gradients", "global_batch", "local_slice", "print_source",
+__all__ = ["collectives_demo", "compare_gradients", "global_batch", "grads", "local_slice", "print_source",
            "tiny_model", "train_ddp"]
 
 
@@ -62,6 +62,14 @@ def local_slice(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return t[rank * n:(rank + 1) * n]
 
 
+def grads(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter's ``.grad``, in order; raises if one has none (call ``backward()`` first)."""
+    found = [p.grad for p in model.parameters()]
+    if any(g is None for g in found):
+        raise ValueError("a parameter has no .grad: call backward() first")
+    return [g for g in found if g is not None]
+
+
 def compare_gradients(rank: int, world_size: int) -> dict[str, Any]:
     """Gradients three ways: all_reduce by hand, DDP, and one process on the whole batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -73,6 +81,7 @@ def compare_gradients(rank: int, world_size: int) -> dict[str, Any]:
     manual = tiny_model()
     nn.functional.mse_loss(manual(xl), yl).backward()
     for p in manual.parameters():
+        assert p.grad is not None  # backward() filled it
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
         p.grad /= world_size
 
@@ -85,10 +94,10 @@ def compare_gradients(rank: int, world_size: int) -> dict[str, Any]:
     nn.functional.mse_loss(single(x), y).backward()
 
     def diff(a: nn.Module, b: nn.Module) -> float:
-        return max((p.grad - q.grad).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True))
+        return max((g - h).abs().max().item() for g, h in zip(grads(a), grads(b), strict=True))
 
     def close(a: nn.Module, b: nn.Module) -> bool:
-        return all(torch.allclose(p.grad, q.grad, atol=1e-6) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+        return all(torch.allclose(g, h, atol=1e-6) for g, h in zip(grads(a), grads(b), strict=True))
 
     return {"rank": rank,
             "manual_vs_single": close(manual, single), "ddp_vs_single": close(ddp.module, single),
@@ -103,7 +112,8 @@ def train_ddp(rank: int, world_size: int, checkpoint_dir: str, epochs: int = 3,
     from torch.utils.data import DataLoader, DistributedSampler
 
     data = make_dataset(64)
-    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
+    sampler: DistributedSampler[Any] = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True,
+                                                          seed=0)
     loader = DataLoader(data, batch_size=8, sampler=sampler)
     model = DDP(make_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -1,4 +1,5 @@
-"""Device discovery: which devices this machine has, and a checked way to ask for one.
+"""Notebooks 00, 01, 02 and 06 (and every helper that needs a device): which devices this machine has,
+and a checked way to ask for one.
 
 `get_device()` is what every notebook calls. It picks the best device present (CUDA, then Apple's
 MPS, then any other `torch.accelerator` backend, then the CPU), lets the environment variable
@@ -80,7 +81,7 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _parse(name: str, origin: str) -> torch.device:
+def _parse(name: str | torch.device, origin: str) -> torch.device:
     if not isinstance(name, str | torch.device):
         raise DeviceError(f"{origin}: expected a device name such as 'cuda', 'cuda:1', 'mps' or 'cpu', "
                           f"got {type(name).__name__} {name!r}.")

@@ -1,4 +1,4 @@
-"""The environment report: what hardware and software this notebook is running on."""
+"""Notebooks 00 and 01: the environment report, what hardware and software a notebook is running on."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from .devices import DeviceError, accelerator_type, available_devices, cuda_device_count, get_device
 
-__all__ = ["cpu_model", "environment_report", "in_colab"]
+__all__ = ["COLAB_GPU_HINT", "cpu_model", "environment_report", "format_report", "in_colab"]
 
 COLAB_GPU_HINT = ("You are on Colab without a GPU runtime. To get one: Runtime → Change runtime type → "
                   "Hardware accelerator: T4 GPU → Save, then run the notebook again from the top.")

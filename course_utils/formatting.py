@@ -1,4 +1,5 @@
-"""Numbers for people: durations, byte counts and table figures, one function each.
+"""Notebooks 01, 02 and 04 (and the helpers that print): numbers for people, durations, byte counts and
+table figures, one function each.
 
 Every notebook prints through these (notebook 01 first), so a duration or a size reads the same in every
 lesson, and the sanitize file of the tests (``tests/nbval_sanitize.cfg``) knows the duration format.

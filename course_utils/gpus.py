@@ -1,4 +1,5 @@
-"""Which GPUs does this machine have, how much memory is free on each, and which should a job use?
+"""Notebook 03 (the torch.cuda API): which GPUs does this machine have, how much memory is free on each,
+and which should a job use?
 
 Choosing GPUs happens *before* CUDA starts in the process: ``CUDA_VISIBLE_DEVICES`` is read once, when
 CUDA initialises. So nothing here initialises CUDA in the caller. The free memory comes from

@@ -1,4 +1,5 @@
-"""GPU memory helpers: the largest batch size that fits, found by halving after out-of-memory errors.
+"""Notebook 03 (the torch.cuda API): the largest batch size that fits in GPU memory, found by halving
+after out-of-memory errors.
 
 Recovering from ``torch.OutOfMemoryError`` has one rule people miss: do not free or retry *inside* the
 ``except`` block. The exception holds its traceback, the traceback holds the frames of the failed call,

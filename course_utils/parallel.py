@@ -1,4 +1,5 @@
-"""A CPU-runnable model of `torch.nn.DataParallel`: its four steps, in plain PyTorch.
+"""Notebook 04 (DataParallel): a CPU-runnable model of `torch.nn.DataParallel`, its four steps in plain
+PyTorch.
 
 `nn.DataParallel` needs CUDA GPUs; without them it just calls the module. This module does the same four
 steps on whatever device the tensors are on (the CPU in class), with one *thread* per simulated GPU, so a
@@ -36,12 +37,16 @@ import math
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 import torch
 from torch import nn
 
 __all__ = [
+    "ReplicaError",
     "SimulatedDataParallel",
     "chunk_sizes",
     "gather",
@@ -168,6 +173,7 @@ def replicate(module: nn.Module, n: int) -> list[nn.Module]:
             for key, child in m._modules.items():
                 r._modules[key] = None if child is None else copies[id(child)]
             for key, p in m._parameters.items():
+                value: torch.Tensor | None
                 if p is None:
                     value = None
                 elif j == 0:
@@ -298,7 +304,7 @@ class SimulatedDataParallel(nn.Module):
 _COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
-def plot_batch_split(batch_size: int = 16, n_gpus: int = 4) -> Any:
+def plot_batch_split(batch_size: int = 16, n_gpus: int = 4) -> Figure:
     """A matplotlib Figure: which samples of a batch each GPU gets (``chunk_sizes``), idle GPUs greyed."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
@@ -334,7 +340,7 @@ def plot_batch_split(batch_size: int = 16, n_gpus: int = 4) -> Any:
     return fig
 
 
-def plot_mechanism(n_gpus: int = 3) -> Any:
+def plot_mechanism(n_gpus: int = 3) -> Figure:
     """A matplotlib Figure of DataParallel's forward (scatter, replicate, parallel apply, gather) and
     backward (gradients summed back onto GPU 0's parameters)."""
     import matplotlib.pyplot as plt

@@ -1,4 +1,5 @@
-"""Plots for the course: rate-against-size sweeps (log-log), bar charts of rates, and the CPU/GPU picture.
+"""Notebook 01 (CPU vs GPU): rate-against-size sweeps (log-log), bar charts of rates, and the CPU/GPU
+picture.
 
 Every function returns a matplotlib `Figure` made with pyplot, so in a notebook it appears under the
 cell like any other plot (do not also end the cell with the figure, or it shows twice). Pass ``ax=`` to
@@ -11,7 +12,11 @@ ahead of another.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = ["crossover", "draw_architecture", "plot_bars", "plot_rates"]
 
@@ -36,13 +41,13 @@ def crossover(sizes: Sequence[float], slow: Sequence[float], fast: Sequence[floa
     return found
 
 
-def _axes(ax: Any, figsize: tuple[float, float]) -> tuple[Any, Any]:
+def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
     import matplotlib.pyplot as plt
 
     if ax is None:
         fig, ax = plt.subplots(figsize=figsize, layout="constrained")
         return fig, ax
-    return ax.figure, ax
+    return cast("Figure", ax.figure), ax
 
 
 def plot_rates(
@@ -54,9 +59,9 @@ def plot_rates(
     title: str = "",
     mark: float | None = None,
     mark_label: str = "crossover",
-    ax: Any = None,
+    ax: Axes | None = None,
     figsize: tuple[float, float] = (6.0, 4.0),
-) -> Any:
+) -> Figure:
     """Log-log plot of a rate (GFLOP/s, GB/s...) against size, one line per entry of ``series``.
 
     ``series`` maps a label (e.g. ``'cpu'``, ``'cuda fp32'``) to rates at ``sizes``; a rate may be
@@ -94,9 +99,9 @@ def plot_bars(
     title: str = "",
     annotations: Sequence[str] | None = None,
     log: bool = False,
-    ax: Any = None,
+    ax: Axes | None = None,
     figsize: tuple[float, float] = (6.0, 3.5),
-) -> Any:
+) -> Figure:
     """Bar chart of one rate per label, with an optional text above each bar. Returns the figure."""
     if len(labels) != len(values):
         raise ValueError(f"plot_bars(): {len(labels)} labels for {len(values)} values")
@@ -122,7 +127,7 @@ def plot_bars(
 class _Blocks:
     """Rectangles collected per axes and drawn as one PatchCollection (hundreds of patches stay fast)."""
 
-    def __init__(self, ax: Any) -> None:
+    def __init__(self, ax: Axes) -> None:
         self.ax = ax
         self.rects: list[Any] = []
         self.colours: list[str] = []
@@ -146,7 +151,7 @@ class _Blocks:
 _CONTROL, _ALU, _CACHE, _DRAM = "#f5b041", "#58d68d", "#5dade2", "#d7dbdd"
 
 
-def draw_architecture(figsize: tuple[float, float] = (10.0, 4.2)) -> Any:
+def draw_architecture(figsize: tuple[float, float] = (10.0, 4.2)) -> Figure:
     """The classic picture: a CPU spends its chip on control logic and cache for a few fast cores;
     a GPU spends it on many simple ALUs grouped in streaming multiprocessors (SMs). Returns the figure.
     """

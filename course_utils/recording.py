@@ -1,5 +1,6 @@
-"""Recorded GPU outputs: a cell that needs a GPU runs for real where there is one, and elsewhere shows
-what it printed on a real GPU host, labelled with the device, PyTorch and CUDA versions and the date.
+"""Every notebook (its setup cell loads the ``%%gpu`` magic): recorded GPU outputs. A cell that needs a
+GPU runs for real where there is one, and elsewhere shows what it printed on a real GPU host, labelled
+with the device, PyTorch and CUDA versions and the date.
 
 In a notebook (after ``%load_ext course_utils``)::
 
@@ -45,6 +46,8 @@ __all__ = [
     "Recording",
     "RecordingError",
     "cell_digest",
+    "gpu_cell_magic",
+    "hardware_meta",
     "load_recording",
     "recording_label",
     "recordings_dir",
@@ -259,6 +262,7 @@ def _execute(source: str, namespace: dict[str, Any]) -> None:
     linecache.cache[_FILENAME] = (len(code), None, code.splitlines(keepends=True), _FILENAME)
     tree = ast.parse(code, filename=_FILENAME)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    assert last is None or isinstance(last, ast.Expr)
     exec(compile(tree, _FILENAME, "exec"), namespace)
     if last is not None:
         value = eval(compile(ast.Expression(last.value), _FILENAME, "eval"), namespace)
@@ -350,7 +354,7 @@ def gpu_cell_magic(line: str, cell: str) -> None:
             etype, value, tb = sys.exc_info()
             while tb is not None and tb.tb_frame.f_code.co_filename != _FILENAME:
                 tb = tb.tb_next
-            if tb is not None:
+            if tb is not None and value is not None:
                 raise value.with_traceback(tb) from None
         raise
 

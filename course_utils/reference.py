@@ -1,4 +1,5 @@
-"""Reference figures: what the course's timing helper measured on the GPU host, next to other timers.
+"""Notebooks 01 and 02: reference figures, what the course's timing helper measured on the GPU host,
+next to other timers.
 
 ``benchmarks/timing_comparison.py`` (run on a CUDA host) times the same matmuls and copies three ways
 (`course_utils.benchmark`, ``torch.utils.benchmark`` and raw CUDA events) and writes the table to

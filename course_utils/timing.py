@@ -1,4 +1,5 @@
-"""Timing done right: synchronised, warmed up, repeated, summarised by the median.
+"""Notebooks 00, 01, 02 and 04 (and every measuring helper): timing done right, synchronised, warmed up,
+repeated, summarised by the median.
 
 GPU work is asynchronous: a CUDA call returns as soon as the kernel is queued, so reading a host clock
 around it measures how long it took to *issue* the work, not to do it. `benchmark` times CUDA work with

@@ -1,4 +1,4 @@
-"""Host↔device transfer bandwidth: the sweep behind notebook 02's pinned-memory plot.
+"""Notebook 02 (moving data): host↔device transfer bandwidth, the sweep behind its pinned-memory plot.
 
 What is timed, and how
 ----------------------
@@ -25,7 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 import torch
 
@@ -184,7 +187,7 @@ def results_table(results: Sequence[TransferResult]) -> str:
     return "\n".join(lines)
 
 
-def plot_bandwidth(results: Sequence[TransferResult], title: str | None = None) -> Any:
+def plot_bandwidth(results: Sequence[TransferResult], title: str | None = None) -> Figure:
     """Bandwidth (GB/s) against transfer size (log scale), one line per direction and memory kind.
 
     Returns the matplotlib Figure (not shown by itself when the caller displays it).

@@ -1,4 +1,4 @@
-"""Interactive cells that also leave a static output.
+"""Notebooks 01, 02 and 04: interactive cells that also leave a static output.
 
 `live(render, **controls)` shows ipywidgets controls and the result of ``render(**values)`` below them.
 The first result is an ordinary display output, so it appears in a static render of the notebook and in

@@ -1,0 +1,82 @@
+"""The code map holds: each helper module names the notebooks that use it, ``__all__`` lists the public
+names, and no module imports another module's private names."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from project import CURRICULUM, notebook_modules  # noqa: E402
+
+PACKAGE = ROOT / "course_utils"
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def dotted(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def users() -> dict[str, list[str]]:
+    """module (``timing``, ``exercises.setup``) → the numbers of the notebooks whose cells import it."""
+    found: dict[str, list[str]] = {}
+    for lesson in CURRICULUM:
+        for module in notebook_modules(ROOT / "notebooks" / f"{lesson.stem}.ipynb"):
+            found.setdefault(module, []).append(lesson.stem[:2])
+    return found
+
+
+HELPERS = [p for p in MODULES if p.parent == PACKAGE and p.name != "__init__.py"]
+
+
+@pytest.mark.parametrize("path", HELPERS, ids=lambda p: p.name)
+def test_helper_docstring_opens_with_its_notebooks(path: Path) -> None:
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    opening = doc.split("\n\n")[0]
+    assert re.search(r"[Nn]otebook", opening), f"{path.name}: the docstring's first paragraph names no notebook"
+    if path.stem == "recording":
+        assert "every notebook" in opening.lower()
+        return
+    numbers = users().get(path.stem, [])
+    missing = [n for n in numbers if not re.search(rf"\b{n}\b", opening)]
+    assert not missing, (f"{path.name} is imported by notebook(s) {', '.join(numbers)}; its docstring's first "
+                         f"paragraph does not name {', '.join(missing)}")
+
+
+def test_every_checker_module_is_named_after_a_notebook() -> None:
+    stems = {lesson.stem[3:] for lesson in CURRICULUM}
+    checkers = {p.stem for p in (PACKAGE / "exercises").glob("*.py") if p.stem != "__init__"}
+    assert checkers <= stems, f"checker modules without a notebook of that name: {sorted(checkers - stems)}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_all_lists_the_public_names(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    defined = {node.name for node in tree.body
+               if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_")}
+    module = importlib.import_module(dotted(path))
+    declared = set(getattr(module, "__all__", ()))
+    assert declared, f"{path.name} has no __all__"
+    assert not {n for n in declared if not hasattr(module, n)}, "names in __all__ that do not exist"
+    if path.name != "__init__.py":
+        assert defined <= declared, f"public but not in __all__: {sorted(defined - declared)} (or make them _private)"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_private_names_imported(path: Path) -> None:
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            if any(part.startswith("_") for part in (node.module or "").split(".")):
+                bad.append(f"from {node.module} import ...")
+            bad += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+        elif isinstance(node, ast.Import):
+            bad += [a.name for a in node.names if any(part.startswith("_") for part in a.name.split("."))]
+    assert not bad, f"{path.name} imports private names: {bad}"
