@@ -71,7 +71,7 @@ def check_two_prefix_repair(repaired: Any, broken: Mapping[str, Any], model: nn.
     missing = [k for k in want if k not in repaired]
     if missing:
         return fail(f"keys missing from your dict: {missing[:3]}.", "keep every entry of `broken`.")
-    originals = {strip_key(k): v for k, v in broken.items()}
+    originals = {_strip_key(k): v for k, v in broken.items()}
     for key, value in repaired.items():
         if not isinstance(value, torch.Tensor) or not torch.equal(value, originals[key]):
             return fail(f"{key} does not hold the same tensor as in `broken`.", "change the keys, not the values.")
@@ -82,6 +82,6 @@ def check_two_prefix_repair(repaired: Any, broken: Mapping[str, Any], model: nn.
     return ok(f"{len(repaired)} keys repaired; they load into {type(model).__name__} with strict=True.")
 
 
-def strip_key(key: str) -> str:
+def _strip_key(key: str) -> str:
     """``key`` without ``module.`` / ``_orig_mod.`` at its start (the checker's reference)."""
     return next(iter(strip_prefixes({key: None})))
