@@ -13,7 +13,7 @@ import torch
 
 from .devices import DeviceError, accelerator_type, available_devices, cuda_device_count, get_device
 
-__all__ = ["COLAB_GPU_HINT", "cpu_model", "environment_report", "format_report", "in_colab"]
+__all__ = ["COLAB_GPU_HINT", "cpu_model", "driver_version", "environment_report", "format_report", "in_colab"]
 
 COLAB_GPU_HINT = ("You are on Colab without a GPU runtime. To get one: Runtime → Change runtime type → "
                   "Hardware accelerator: T4 GPU → Save, then run the notebook again from the top.")
@@ -44,7 +44,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _driver_version() -> str | None:
+def driver_version() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it (``'580.159.04'``), or None without one."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
@@ -89,7 +90,7 @@ def environment_report(show: bool = True) -> dict[str, Any]:
         "cuda_build": torch.version.cuda,
         "cudnn": cudnn,
         "hip_build": torch.version.hip,
-        "driver": _driver_version() if gpus else None,
+        "driver": driver_version() if gpus else None,
         "gpus": gpus,
         "mps_built": bool(torch.backends.mps.is_built()),
         "mps_available": bool(torch.backends.mps.is_available()),

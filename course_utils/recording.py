@@ -120,8 +120,10 @@ def load_recording(name: str) -> Recording:
 
 
 def hardware_meta(gpus: int = 1) -> dict[str, Any]:
-    """What a recording is labelled with: GPU name and count, PyTorch, CUDA, Python, date (UTC)."""
+    """What a recording is labelled with: GPU name and count, PyTorch, CUDA, driver, Python, date (UTC)."""
     import torch
+
+    from .environment import driver_version
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {
@@ -130,6 +132,7 @@ def hardware_meta(gpus: int = 1) -> dict[str, Any]:
         "gpus_required": gpus,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "driver": driver_version() if count else None,
         "python": platform.python_version(),
         "date": datetime.now(timezone.utc).date().isoformat(),
     }
@@ -147,11 +150,14 @@ def save_recording(name: str, outputs: list[dict[str, Any]], meta: dict[str, Any
 
 
 def recording_label(meta: dict[str, Any]) -> str:
-    """``'2× NVIDIA H200 · PyTorch 2.11.0+cu130 · CUDA 13.0 · 2026-12-02'`` from a recording's meta."""
+    """``'2× NVIDIA H200 · PyTorch 2.11.0+cu130 · CUDA 13.0 · driver 580.159.04 · 2026-12-02'`` from a
+    recording's meta (recordings made before the driver was noted leave it out)."""
     count = meta.get("gpu_count", 1)
     parts = [f"{count}× {meta.get('device', 'unknown GPU')}", f"PyTorch {meta.get('torch', '?')}"]
     if meta.get("cuda"):
         parts.append(f"CUDA {meta['cuda']}")
+    if meta.get("driver"):
+        parts.append(f"driver {meta['driver']}")
     parts.append(str(meta.get("date", "unknown date")))
     return " · ".join(parts)
 

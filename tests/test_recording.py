@@ -129,3 +129,11 @@ def test_figure_as_last_expression_is_shown_once(shell, monkeypatch, tmp_path):
     run(shell, "%%gpu 99-fig\nimport matplotlib.pyplot as plt\nfig = plt.figure(); plt.plot([1, 2])\nfig")
     data = json.loads((tmp_path / "99-fig.json").read_text())
     assert [o["data"]["text/plain"][:7] for o in data["outputs"]] == ["<Figure"]
+
+
+def test_label_names_the_driver_when_known():
+    meta = {"gpu_count": 1, "device": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0",
+            "driver": "580.159.04", "date": "2026-12-02"}
+    assert rec.recording_label(meta) == "1× NVIDIA H200 · PyTorch 2.11.0+cu130 · CUDA 13.0 · driver 580.159.04 · 2026-12-02"
+    del meta["driver"]  # recordings made before the driver was noted
+    assert rec.recording_label(meta) == "1× NVIDIA H200 · PyTorch 2.11.0+cu130 · CUDA 13.0 · 2026-12-02"
