@@ -150,6 +150,10 @@ MESSAGES: dict[_Problem, str] = {
 }
 
 
+# Where a pickle names a function by the private module that defines it, the name people know it by.
+_PUBLIC_MODULE = {"posix": "os", "nt": "os", "_io": "io"}
+
+
 class _Global(NamedTuple):
     """A function or class that a pickle names: unpickling imports ``module`` and gets ``name`` from it."""
 
@@ -157,7 +161,8 @@ class _Global(NamedTuple):
     name: str
 
     def __str__(self) -> str:
-        alias = f" (os.{self.name})" if self.module in ("posix", "nt") else ""  # os.system is posix.system
+        public = _PUBLIC_MODULE.get(self.module)  # os.system is posix.system; io.open is _io.open (3.12)
+        alias = f" ({public}.{self.name})" if public else ""
         return f"{self.module}.{self.name}{alias}"
 
 

@@ -303,13 +303,14 @@ def _unsafe_files(tmp: Path) -> dict[str, tuple[Path, str, Path | None]]:
 
     add("builtin function", "builtins.exec", lambda m: {"w": _exec_leaving(m)})
     add("os.system", f"{os.system.__module__}.system (os.system)", lambda m: {"w": _Calls(os.system, f"touch {m}")})
-    add("io.open", "io.open", lambda m: {"w": _RunsCode(m)})
+    io_open = "io.open" if io.open.__module__ == "io" else f"{io.open.__module__}.open (io.open)"
+    add("io.open", io_open, lambda m: {"w": _RunsCode(m)})
     add("class of your own", f"{__name__}._Settings", lambda m: {"config": _Settings(m)})
     add("whole model", "torch.nn.modules.linear.Linear", lambda m: nn.Linear(2, 2), runs=False)
     add("whole model of your own", f"{__name__}._MarkingNet", marking_net)
     add("hand-written STACK_GLOBAL", "builtins.exec",
         lambda m: _stack_global_pickle(f"open({str(m)!r}, 'w').close()"))
-    add("protocol 4", "io.open", lambda m: {"w": _RunsCode(m)}, pickle_protocol=4)
+    add("protocol 4", io_open, lambda m: {"w": _RunsCode(m)}, pickle_protocol=4)
     add("legacy format", "builtins.exec", lambda m: {"w": _exec_leaving(m)}, _use_new_zipfile_serialization=False)
     add("legacy whole model", "torch.nn.modules.linear.Linear", lambda m: nn.Linear(2, 2), runs=False,
         _use_new_zipfile_serialization=False)

@@ -5,9 +5,10 @@
 
 As Binder (repo2docker) would: a fresh venv; ``pip install -r binder/requirements.txt``; ``binder/postBuild``
 run from the repository root with that venv's python first on PATH. Then every notebook is executed with
-nbclient inside that venv, on copies in a temporary folder (the committed notebooks are not touched), with
-no GPU visible. Any error in a cell not tagged ``raises-exception`` fails the check. The peak memory of
-the kernels is printed against Binder's ~2 GB.
+nbclient inside that venv by tools/execute_notebooks.py, on copies in a temporary folder (the committed
+notebooks are not touched), with no GPU visible. Any error in a cell not tagged ``raises-exception`` fails
+the check, and so does a tagged cell that did not raise. The peak memory of the kernels is printed against
+Binder's ~2 GB.
 
 The install runs against a copy of the repository (its tracked and untracked, not ignored files), so
 postBuild's ``pip install .`` leaves no build/ or egg-info behind here. An index that cannot be reached
@@ -73,52 +74,22 @@ def build(venv: Path, repo: Path) -> None:
         run(["bash", str(post)], cwd=repo, env=env)
 
 
-def execute_all(paths: list[Path], timeout: int) -> int:
-    """Runs inside the Binder venv: execute copies of the notebooks, report errors."""
+def execute_all(paths: list[Path], timeout: int, output_dir: Path | None = None) -> int:
+    """Runs inside the Binder venv: execute copies of the notebooks and check them (execute_notebooks.py),
+    then report the kernels' peak memory."""
     import resource
 
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from execute_notebooks import execute_notebooks, summary
 
-    failed = 0
-    for path in paths:
-        nb = nbformat.read(path, as_version=4)
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                                resources={"metadata": {"path": str(path.parent)}})
-        t0 = time.perf_counter()
-        try:
-            client.execute()
-        except CellExecutionError as exc:  # only with allow_errors=False; kept for clarity
-            print(f"FAIL {path.name}: {exc}", flush=True)
-            failed += 1
-            continue
-        except Exception as exc:  # timeouts, a dead kernel
-            print(f"FAIL {path.name}: {type(exc).__name__}: {exc}", flush=True)
-            failed += 1
-            continue
-        problems = []
-        for i, cell in enumerate(nb.cells):
-            if cell.cell_type != "code":
-                continue
-            tags = set(cell.get("metadata", {}).get("tags", []))
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error" and not tags & {"raises-exception",
-                                                                      "nbval-raises-exception"}:
-                    first = cell.source.strip().splitlines()[0][:70] if cell.source.strip() else ""
-                    problems.append(f"  cell {i} ({first!r}): {out.get('ename')}: {out.get('evalue')}")
-        status = "FAIL" if problems else "ok"
-        print(f"{status:4} {path.name}: {time.perf_counter() - t0:.1f} s", flush=True)
-        for line in problems:
-            print(line, flush=True)
-        failed += bool(problems)
-        nbformat.write(nb, path)
+    results = execute_notebooks(paths, timeout=timeout, output_dir=output_dir,
+                                report=lambda line: print(line, flush=True))
+    print(summary(results), flush=True)
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"peak memory of a kernel (or a process it waited for): {peak_mb:.0f} MB "
           f"(Binder gives about {BINDER_RAM_MB} MB)", flush=True)
     if peak_mb > BINDER_RAM_MB * 0.75:
         print(f"WARNING: over {BINDER_RAM_MB * 0.75:.0f} MB: close to Binder's limit", flush=True)
-    return 1 if failed else 0
+    return 0 if all(r.ok for r in results) else 1
 
 
 def main(argv: list[str]) -> int:
@@ -128,10 +99,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the venv and the executed copies")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
     parser.add_argument("--execute", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--output-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("notebooks", nargs="*", type=Path)
     args = parser.parse_args(argv)
     if args.execute:  # the inner step, in the Binder venv
-        return execute_all(args.notebooks, args.timeout)
+        return execute_all(args.notebooks, args.timeout, args.output_dir)
 
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="binder-check-"))
@@ -147,8 +119,9 @@ def main(argv: list[str]) -> int:
         env = clean_env(venv)
         env.pop("PYTHONHASHSEED")
         # Run from outside the repository copy, so `import course_utils` finds the installed package.
+        keep = ["--output-dir", str(work / "executed")] if args.keep else []
         rc = subprocess.run([str(venv / "bin" / "python"), str(Path(__file__).resolve()), "--execute",
-                             "--timeout", str(args.timeout), *paths], cwd=work, env=env).returncode
+                             "--timeout", str(args.timeout), *keep, *paths], cwd=work, env=env).returncode
         print(f"binder-check: {'passed' if rc == 0 else 'FAILED'} in {time.perf_counter() - t0:.0f} s "
               f"(environment {t_build:.0f} s)", flush=True)
         return rc
