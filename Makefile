@@ -66,7 +66,7 @@ TORCH ?=
 ## TORCH=X.Y.Z: a separate venv with that torch (build/compat-X.Y.Z); every notebook executed (deliberate
 ## errors must still raise) and the unit tests
 compat:
-	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=2.6.0"; exit 2; }
+	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=2.9.0"; exit 2; }
 	$(PYTHON) tools/compat.py $(TORCH)
 
 ## the unit tests only (tests/), in the pinned .venv

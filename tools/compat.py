@@ -3,7 +3,7 @@
 
     python tools/compat.py TORCH_VERSION [--ref COMMIT] [--keep] [--skip-unit] [--skip-notebooks]
                            [--timeout S] [notebooks ...]
-    make compat TORCH=2.6.0
+    make compat TORCH=2.9.0
 
 1. A snapshot of the repository in build/compat-<version>/src: the working tree's tracked and untracked,
    not ignored files, or with --ref the files of that commit. The tests, the notebooks and course_utils
@@ -15,7 +15,7 @@
 3. tests/requirements.txt with the pins of tests/constraints.txt, less the pins of torch and of every
    package step 2 installed (torch's own requirements differ between releases), plus ``torch==<version>``:
    build/compat-<version>/constraints.txt.
-4. course_utils from the snapshot, ``--no-deps``: its ``torch>=2.6`` is what this run tests, not what it
+4. course_utils from the snapshot, ``--no-deps``: its ``torch>=2.9`` is what this run tests, not what it
    assumes.
 5. A probe: the kernel that the notebooks get must be this venv's python with that torch.
 6. The unit tests, ``python -m pytest tests`` in the snapshot's root, with no GPU visible.
@@ -231,7 +231,7 @@ def snapshot(src: Path, ref: str | None) -> dict:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("torch", help="a torch release, e.g. 2.6.0")
+    parser.add_argument("torch", help="a torch release, e.g. 2.9.0")
     parser.add_argument("notebooks", nargs="*", help="notebooks to execute (default: notebooks/*.ipynb)")
     parser.add_argument("--keep", action="store_true", help="keep the venv and the executed notebooks")
     parser.add_argument("--skip-unit", action="store_true", help="do not run the unit tests")
@@ -241,7 +241,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     version = args.torch
     if not re.fullmatch(r"\d+\.\d+\.\d+", version):
-        parser.error(f"TORCH_VERSION must look like 2.6.0, not {version!r}")
+        parser.error(f"TORCH_VERSION must look like 2.9.0, not {version!r}")
 
     t0 = time.perf_counter()
     out = ROOT / "build" / f"compat-{version}"
