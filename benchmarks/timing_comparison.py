@@ -10,7 +10,7 @@ and a device-to-device copy, it measures
 
 prints one table (rates, and course/raw, which should lie within 0.95–1.05; `measure` says how the
 rounds are paired) and writes it, with the device name, the PyTorch and CUDA versions and the date, to a
-JSON file that notebook 01 shows as its "reference figures".
+JSON file that appendix 90 shows as its "reference figures".
 
     python benchmarks/timing_comparison.py                       # writes course_utils/data/reference_figures.json
     python benchmarks/timing_comparison.py --output /tmp/t.json --sizes 4096 --strict

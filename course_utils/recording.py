@@ -49,6 +49,8 @@ __all__ = [
     "gpu_cell_magic",
     "hardware_meta",
     "load_recording",
+    "not_recorded_note",
+    "parse_gpu_line",
     "recording_label",
     "recordings_dir",
     "run_or_replay",
@@ -184,15 +186,29 @@ def _banner(text: str, colour: str) -> None:
     })
 
 
-def show_recording(name: str, gpus: int = 1) -> None:
+def _hardware(gpus: int) -> str:
+    if gpus == 1:
+        return "a machine with an NVIDIA GPU (on Colab: a GPU runtime)"
+    return f"a machine with {gpus} NVIDIA GPUs (a lab or cloud server; Colab gives one)"
+
+
+def not_recorded_note(name: str, gpus: int, have: int, shows: str = "") -> str:
+    """What a student reads where a ``%%gpu`` cell has no usable recording: what it would show, and where
+    it runs. (How maintainers make recordings is in the README, not here.)"""
+    would = f"it shows {shows.rstrip('.')}" if shows else "it runs the code above"
+    return (f"Not run: {_why_not_here(gpus, have)}. On {_hardware(gpus)} {would}. "
+            f"No output of this cell ({name}) from such a machine comes with the course yet.")
+
+
+def show_recording(name: str, gpus: int = 1, shows: str = "") -> None:
     """Display a recording with its label, or a note when it is missing or unreadable. Never raises."""
     from IPython.display import publish_display_data
 
     why = _why_not_here(gpus, _have_gpus())
     try:
         rec = load_recording(name)
-    except (RecordingError, ValueError) as exc:
-        _banner(f"Not run: {why}. No recorded GPU output can be shown: {exc}.", "#c0392b")
+    except (RecordingError, ValueError):
+        _banner(not_recorded_note(name, gpus, _have_gpus(), shows), "#c0392b")
         return
     _banner(f"Recorded output ({why}), recorded on {recording_label(rec.meta)}:", "#2e86c1")
     for out in rec.outputs:
@@ -292,8 +308,9 @@ def _show_new_figures(before: set[int]) -> None:
             plt.close(fig)
 
 
-def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int = 1) -> None:
-    """Run ``source`` in ``namespace`` when ``gpus`` CUDA GPUs are visible, else show its recording.
+def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int = 1, shows: str = "") -> None:
+    """Run ``source`` in ``namespace`` when ``gpus`` CUDA GPUs are visible, else show its recording (or,
+    without one, a note saying what the cell ``shows``).
 
     With ``COURSE_RECORD=1`` set, a real run also saves the outputs as the recording ``name``.
     Errors raised by the code are re-raised after its outputs are shown (and recorded).
@@ -302,7 +319,7 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
     if gpus < 1:
         raise ValueError(f"%%gpu {name}: --gpus must be at least 1, got {gpus}")
     if _have_gpus() < gpus:
-        show_recording(name, gpus)
+        show_recording(name, gpus, shows)
         return
     plt = sys.modules.get("matplotlib.pyplot")
     before = set(plt.get_fignums()) if plt is not None else set()
@@ -336,24 +353,38 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
         raise error
 
 
-def gpu_cell_magic(line: str, cell: str) -> None:
-    """``%%gpu NAME [--gpus N]``: run the cell on a GPU host, show its recording elsewhere."""
-    from IPython import get_ipython
-
+def parse_gpu_line(line: str) -> tuple[str, int, str]:
+    """``NAME [--gpus N] [--shows "WHAT"]`` (the ``%%gpu`` line) → (name, gpus, shows); ValueError if bad."""
     args = shlex.split(line)
-    gpus = 1
+    gpus, shows = 1, ""
     try:
-        if "--gpus" in args:
-            i = args.index("--gpus")
-            gpus = int(args[i + 1])
-            del args[i:i + 2]
+        for flag in ("--gpus", "--shows"):
+            if flag in args:
+                i = args.index(flag)
+                if flag == "--gpus":
+                    gpus = int(args[i + 1])
+                else:
+                    shows = args[i + 1]
+                del args[i:i + 2]
         (name,) = args
     except (ValueError, IndexError):
-        raise ValueError(f"usage: %%gpu NAME [--gpus N], got '%%gpu {line}'") from None
+        raise ValueError(f"bad %%gpu line: {line!r}") from None
+    return name, gpus, shows
+
+
+def gpu_cell_magic(line: str, cell: str) -> None:
+    """``%%gpu NAME [--gpus N] [--shows "WHAT"]``: run the cell on a GPU host, show its recording elsewhere
+    (``--shows`` says, where there is no recording, what the cell would show)."""
+    from IPython import get_ipython
+
+    try:
+        name, gpus, shows = parse_gpu_line(line)
+    except ValueError:
+        raise ValueError(f'usage: %%gpu NAME [--gpus N] [--shows "WHAT"], got \'%%gpu {line}\'') from None
     shell = get_ipython()
     namespace = shell.user_ns if shell is not None else {}
     try:
-        run_or_replay(name, cell, namespace, gpus)
+        run_or_replay(name, cell, namespace, gpus, shows)
     except Exception:
         # Show a plain traceback of the cell's own code (not of this magic) and fail the cell.
         if shell is not None:

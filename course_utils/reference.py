@@ -1,5 +1,5 @@
-"""Notebooks 01 and 02: reference figures, what the course's timing helper measured on the GPU host,
-next to other timers.
+"""Appendix notebook 90 (are the course's timers right?): reference figures, what the course's timing
+helper measured on the GPU host, next to other timers.
 
 ``benchmarks/timing_comparison.py`` (run on a CUDA host) times the same matmuls and copies three ways
 (`course_utils.benchmark`, ``torch.utils.benchmark`` and raw CUDA events) and writes the table to

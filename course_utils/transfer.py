@@ -1,4 +1,5 @@
-"""Notebook 02 (moving data): host↔device transfer bandwidth, the sweep behind its pinned-memory plot.
+"""Notebook 02 (moving data): host↔device transfer bandwidth, the sweep behind its pinned-memory plot;
+appendix notebook 90 checks `measure_transfer` against a raw probe.
 
 What is timed, and how
 ----------------------

@@ -27,9 +27,9 @@ def dotted(path: Path) -> str:
 def users() -> dict[str, list[str]]:
     """module (``timing``, ``exercises.setup``) → the numbers of the notebooks whose cells import it."""
     found: dict[str, list[str]] = {}
-    for lesson in CURRICULUM:
-        for module in notebook_modules(ROOT / "notebooks" / f"{lesson.stem}.ipynb"):
-            found.setdefault(module, []).append(lesson.stem[:2])
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):  # the lessons and the appendices
+        for module in notebook_modules(path):
+            found.setdefault(module, []).append(path.stem[:2])
     return found
 
 

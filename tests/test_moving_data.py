@@ -200,9 +200,17 @@ def test_quiz_key_matches_pytorch():
     assert md.quiz_truth() == RIGHT
 
 
-def test_quiz_right_answer():
+def test_quiz_right_answer_keeps_the_reasons_until_asked():
     verdict = md.check_quiz(RIGHT)
     assert verdict, str(verdict)
+    assert not any(why in str(verdict) for _, why in md.QUIZ.values()), "the solution's output gives reasons away"
+    explained = md.check_quiz(RIGHT, explain=True)
+    assert explained and all(why in str(explained) for _, why in md.QUIZ.values()), str(explained)
+
+
+def test_quiz_wrong_answers_get_no_reasons_even_when_asked():
+    verdict = md.check_quiz({**RIGHT, "c": True}, explain=True)
+    assert not verdict and not any(why in str(verdict) for _, why in md.QUIZ.values())
 
 
 @pytest.mark.parametrize("answers, words", [

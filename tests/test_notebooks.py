@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.recording import cell_digest, load_recording
+from course_utils.recording import RecordingError, cell_digest, load_recording, parse_gpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -25,7 +25,6 @@ MACHINE_PATH = re.compile("|".join([
     r"/[\w.+-]+(/[\w.+-]+)*/(site|dist)-packages/",  # an installed package's absolute path
     re.escape(str(ROOT)),
 ]))
-GPU_MAGIC = re.compile(r"^%%gpu\s+(\S+)(?:\s+--gpus\s+(\d+))?\s*$")
 
 
 def load(path: Path) -> dict:
@@ -43,12 +42,30 @@ def code_cells(nb: dict):
 
 
 def gpu_cells(nb: dict):
+    """(cell index, name, GPUs needed, body) of each %%gpu cell, its line read as the magic reads it."""
     for i, cell in code_cells(nb):
         source = "".join(cell["source"])
         first, _, body = source.partition("\n")
-        m = GPU_MAGIC.match(first)
-        if m:
-            yield i, m.group(1), int(m.group(2) or 1), body
+        if first.startswith("%%gpu"):
+            name, gpus, _ = parse_gpu_line(first.removeprefix("%%gpu"))
+            yield i, name, gpus, body
+
+
+def test_a_gpu_cell_without_a_recording_says_what_it_shows():
+    """A student on a machine with too few GPUs reads what the cell would show (`--shows`), not a blank."""
+    problems = []
+    for path in NOTEBOOKS:
+        for i, cell in code_cells(load(path)):
+            first = "".join(cell["source"]).partition("\n")[0]
+            if not first.startswith("%%gpu"):
+                continue
+            name, _, shows = parse_gpu_line(first.removeprefix("%%gpu"))
+            try:
+                load_recording(name)
+            except (RecordingError, ValueError):
+                if len(shows.split()) < 3:
+                    problems.append(f"{path.name} cell {i} ({name}): no recording and no --shows \"...\"")
+    assert not problems, "\n".join(problems)
 
 
 def test_the_notebook_set_is_the_curriculum():
@@ -101,10 +118,23 @@ def test_notebook_hygiene(path):
                 problems.append(f"cell {i} shows a machine path in its output: {MACHINE_PATH.search(text)[0]!r}")
         if "nbval-skip" in tags:
             problems.append(f"cell {i} is tagged nbval-skip: it would not run in the tests")
-        if "solution" in tags and not cell["metadata"].get("jupyter", {}).get("source_hidden"):
-            problems.append(f"solution cell {i} is not hidden")
+        if "solution" in tags and not (cell["metadata"].get("jupyter", {}).get("source_hidden")
+                                       and cell["metadata"].get("cellView") == "form"
+                                       and _joined(cell["source"]).startswith("#@title ")):
+            problems.append(f"solution cell {i} is not hidden (JupyterLab: source_hidden; Colab: a #@title form)")
     assert nb["metadata"].get("nbval", {}).get("lax") is not True, "whole notebook tagged lax"
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_title_and_next_link(path):
+    cells = load(path)["cells"]
+    title = _joined(cells[1]["source"]).split("\n")[0]
+    assert cells[1]["cell_type"] == "markdown" and title.startswith(f"# {path.stem[:2]} · "), \
+        f"{path.name}: the cell after the badges must open with '# {path.stem[:2]} · Title', not {title!r}"
+    last = cells[-1]
+    assert "course-next" in last["metadata"].get("tags", []) and _joined(last["source"]).startswith("**Next:**"), \
+        f"{path.name}: the last cell must be the generated 'Next:' link (make sync)"
 
 
 def test_badge_and_setup_cells_are_in_sync():

@@ -37,8 +37,32 @@ def test_missing_recording_is_a_note_not_an_error(shell, monkeypatch):
     fake_gpus(monkeypatch, 0)
     result, cap, texts = run(shell, "%%gpu 99-missing\nraise SystemExit('must not run')")
     assert result.success
-    assert len(texts) == 1 and texts[0].startswith("Not run: this machine has no CUDA GPU.")
-    assert "no recording named '99-missing'" in texts[0]
+    assert texts == ["Not run: this machine has no CUDA GPU. On a machine with an NVIDIA GPU (on Colab: a GPU "
+                     "runtime) it runs the code above. No output of this cell (99-missing) from such a machine "
+                     "comes with the course yet."]
+
+
+def test_missing_recording_says_what_the_cell_shows_and_where_it_runs(shell, monkeypatch):
+    fake_gpus(monkeypatch, 1)
+    result, _, texts = run(shell, '%%gpu 99-two --gpus 2 --shows "which physical GPU each logical id is"\n'
+                                  "raise SystemExit('must not run')")
+    assert result.success
+    assert texts == ["Not run: this cell needs 2 CUDA GPUs and this machine has 1. On a machine with 2 NVIDIA "
+                     "GPUs (a lab or cloud server; Colab gives one) it shows which physical GPU each logical id "
+                     "is. No output of this cell (99-two) from such a machine comes with the course yet."]
+    assert not any(word in texts[0] for word in ("make", "maintainer", "course_utils/recorded"))
+
+
+@pytest.mark.parametrize("line, parsed", [("01-a", ("01-a", 1, "")), ("01-a --gpus 2", ("01-a", 2, "")),
+                                          ('01-a --shows "x y" --gpus 4', ("01-a", 4, "x y"))])
+def test_parse_gpu_line(line, parsed):
+    assert rec.parse_gpu_line(line) == parsed
+
+
+@pytest.mark.parametrize("line", ["", "a b", "01-a --gpus", "01-a --gpus two", "01-a --shows"])
+def test_parse_gpu_line_rejects(line):
+    with pytest.raises(ValueError):
+        rec.parse_gpu_line(line)
 
 
 @pytest.mark.parametrize("content", ["{not json", '{"meta": {}}', '{"meta": [], "outputs": []}',
@@ -48,7 +72,7 @@ def test_corrupt_recording_is_a_note(shell, monkeypatch, tmp_path, content):
     (tmp_path / "99-bad.json").write_text(content)
     result, _, texts = run(shell, "%%gpu 99-bad\nprint('x')")
     assert result.success
-    assert "the recording 99-bad.json is unreadable" in texts[0]
+    assert texts[0].startswith("Not run: this machine has no CUDA GPU.") and "99-bad" in texts[0]
 
 
 def test_record_then_replay(shell, monkeypatch, tmp_path):

@@ -7,7 +7,8 @@ Each notebook becomes ``site/NN_name.html`` (nbconvert's lab template, plots emb
 nothing executed), and ``site/index.html`` is the notebook map from README.md. The site works offline:
 no script, style sheet, font or image is fetched from the network (MathJax, require.js and the widget
 manager are left out; a widget shows a note instead, beside the static output every widget cell also
-has), links between notebooks point at the .html pages, and badge images become text links. Links to
+has), links between notebooks point at the .html pages, and badge images become text links. Solution
+cells are collapsed in a ``<details>`` element that opens on a click. Links to
 other files of the repository point at the repository on the web (pyproject's ``Repository``).
 The build fails when a page links to a local file that the site does not have.
 
@@ -42,6 +43,9 @@ SITE_CSS = """
   position: sticky; top: 0; z-index: 10; }
 .course-nav a { text-decoration: none; color: #1a5fb4; }
 .course-nav .spacer { flex: 1; }
+.course-solution { font-family: system-ui, sans-serif; margin: 8px 0 8px 8px; }
+.course-solution summary { cursor: pointer; color: #1a5fb4; }
+.course-solution pre { background: #f7f7f7; padding: 6px 8px; overflow-x: auto; font-size: 13px; }
 .course-widget-note { font-family: system-ui, sans-serif; font-size: 13px; color: #555;
   border: 1px dashed #aaa; border-radius: 4px; padding: 4px 8px; margin: 4px 0; }
 """
@@ -148,10 +152,35 @@ def rewrite_links(html_text: str, here: str, pages: set[str], repo: str) -> str:
     return HREF.sub(sub, html_text)
 
 
+def _output_text(out: nbformat.NotebookNode) -> str:
+    if out.get("output_type") == "stream":
+        return "".join(out.get("text", ""))
+    if out.get("output_type") == "error":
+        return f"{out.get('ename', '')}: {out.get('evalue', '')}"
+    return "".join(out.get("data", {}).get("text/plain", ""))
+
+
+def _pre(text: str, cls: str) -> str:
+    # One line of HTML: newlines as character references, so no blank line can end the block early.
+    return f'<pre class="{cls}">' + html.escape(text.rstrip("\n")).replace("\n", "&#10;") + "</pre>"
+
+
+def solution_block(cell: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A solution cell as the site shows it: collapsed in a <details> element, its code and text outputs inside."""
+    code = re.sub(r"^#@title[^\n]*\n", "", cell.source)
+    parts = [_pre(code, "course-solution-code")]
+    parts += [_pre(text, "course-solution-output") for text in map(_output_text, cell.get("outputs", [])) if text]
+    body = ('<details class="course-solution"><summary>Solution (click to open)</summary>'
+            + "".join(parts) + "</details>")
+    return nbformat.v4.new_markdown_cell(body)
+
+
 def static_copy(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The notebook as the site shows it: badges as text links, widgets as a note."""
+    """The notebook as the site shows it: badges as text links, widgets as a note, solutions collapsed."""
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
+    nb.cells = [solution_block(c) if c.cell_type == "code" and "solution" in c.metadata.get("tags", []) else c
+                for c in nb.cells]
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = badges_as_links(cell.source)

@@ -6,7 +6,9 @@ The sources (see tools/project.py): the repository URL in pyproject.toml, the cu
 tools/project.py, the ``course_utils`` imports in each notebook's code cells, and the ``##`` comments of
 the Makefile. Each notebook's first cell (tagged ``course-badges``) gets Open-in-Colab and Binder badges
 for that notebook, and its first code cell (tagged ``course-setup``) installs course_utils from the
-repository when it is missing (Colab opens single notebooks) and loads the ``%%gpu`` magic.
+repository when it is missing (Colab opens single notebooks) and loads the ``%%gpu`` magic. Its last cell
+(tagged ``course-next``) links the next lesson. Every cell tagged ``solution`` is hidden until asked for:
+source hidden in JupyterLab, a form under ``#@title`` in Colab.
 
     python tools/sync_notebooks.py            # rewrite what is out of date
     python tools/sync_notebooks.py --check    # exit 1 if anything is out of date (used by the tests)
@@ -55,8 +57,70 @@ def _tagged(cell: dict, tag: str) -> bool:
     return tag in cell.get("metadata", {}).get("tags", [])
 
 
+SOLUTION_TITLE = "#@title Solution (double-click to show the code)"
+"""First line of every solution cell: Colab shows it as a form with the code hidden (``cellView: form``)."""
+
+
+def solution_source(source: str) -> str:
+    """A solution cell's code under the Colab form title (an old title or a bare ``# Solution`` replaced)."""
+    lines = source.split("\n")
+    while lines and (lines[0].startswith("#@title") or lines[0].strip() == "# Solution"):
+        lines.pop(0)
+    return "\n".join([SOLUTION_TITLE, *lines])
+
+
+def hide_solution(cell: dict) -> None:
+    """Solutions stay hidden until asked for: in JupyterLab (source hidden) and Colab (a form)."""
+    meta = cell.setdefault("metadata", {})
+    meta.setdefault("jupyter", {})["source_hidden"] = True
+    meta["cellView"] = "form"
+    cell["source"] = _lines(solution_source("".join(cell["source"])))
+
+
+def lessons_and_appendices() -> list[tuple[str, str, str]]:
+    """(stem, numbered title, what it teaches) of every lesson, then of every appendix in notebooks/."""
+    pages = [(lesson.stem, f"{lesson.stem[:2]} · {lesson.title}", lesson.teaches) for lesson in CURRICULUM]
+    for path in sorted((ROOT / "notebooks").glob("9*_appendix_*.ipynb")):
+        pages.append((path.stem, f"{path.stem[:2]} · {notebook_heading(path)}", ""))
+    return pages
+
+
+def notebook_heading(path: Path) -> str:
+    """The title of a notebook's ``# NN · Title`` heading, without the number."""
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        m = re.match(r"#\s+\d\d\s+·\s+(.+)", "".join(cell["source"])) if cell["cell_type"] == "markdown" else None
+        if m:
+            return m.group(1).strip()
+    return path.stem
+
+
+def next_source(name: str) -> str:
+    """The closing "Next:" line of a notebook: the following lesson, or the way back to the course map."""
+    pages = lessons_and_appendices()
+    stems = [stem for stem, _, _ in pages]
+    stem = name.removesuffix(".ipynb")
+    i = stems.index(stem) if stem in stems else len(stems)
+    lessons = len(CURRICULUM)
+    if i + 1 < lessons:
+        _, title, teaches = pages[i + 1]
+        return f"**Next:** [{title}]({stems[i + 1]}.ipynb): {teaches}."
+    if i + 1 == lessons and len(pages) > lessons:
+        appendices = ", ".join(f"[{title}]({s}.ipynb)" for s, title, _ in pages[lessons:])
+        return f"**Next:** that was the last lesson. Appendices: {appendices}. The course map is in README.md."
+    return "**Next:** back to the course map in README.md, or to the lessons from [00 · Setup](00_setup.ipynb)."
+
+
 def sync(nb: dict, name: str, url: str) -> dict:
     cells = nb["cells"]
+    for cell in cells:
+        if cell["cell_type"] == "code" and _tagged(cell, "solution"):
+            hide_solution(cell)
+    nxt = {"cell_type": "markdown", "id": "course-next", "metadata": {"tags": ["course-next"]},
+           "source": _lines(next_source(name))}
+    if cells and _tagged(cells[-1], "course-next"):
+        cells[-1]["source"] = nxt["source"]
+    else:
+        cells[:] = [c for c in cells if not _tagged(c, "course-next")] + [nxt]
     badges = {"cell_type": "markdown", "id": "course-badges", "metadata": {"tags": ["course-badges"]},
               "source": _lines(badge_source(url, name))}
     if cells and _tagged(cells[0], "course-badges"):
@@ -88,15 +152,16 @@ def _module_links(modules: list[str], folder: str) -> str:
 
 
 def readme_notebook_map() -> str:
-    """README's notebook table: each lesson, what it teaches, and the course_utils modules its cells import."""
+    """README's notebook table: each lesson (then each appendix), what it teaches, and the course_utils modules
+    its cells import."""
     rows = ["| notebook | what it teaches | helpers it imports (`course_utils/`) | checkers (`course_utils/exercises/`) |",
             "|---|---|---|---|"]
-    for lesson in CURRICULUM:
-        path = ROOT / "notebooks" / f"{lesson.stem}.ipynb"
+    for stem, title, teaches in lessons_and_appendices():
+        path = ROOT / "notebooks" / f"{stem}.ipynb"
         modules = notebook_modules(path) if path.is_file() else []
         helpers = [m for m in modules if not m.startswith("exercises")]
         checkers = [m for m in modules if m.startswith("exercises.")]
-        rows.append(f"| [{lesson.stem[:2]} · {lesson.title}](notebooks/{lesson.stem}.ipynb) | {lesson.teaches} | "
+        rows.append(f"| [{title}](notebooks/{stem}.ipynb) | {teaches or 'for the curious and for maintainers'} | "
                     f"{_module_links(helpers, 'course_utils/')} | {_module_links(checkers, 'course_utils/')} |")
     return "\n".join(rows)
 

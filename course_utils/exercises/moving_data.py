@@ -316,8 +316,12 @@ def quiz_truth() -> dict[str, bool]:
     return results
 
 
-def check_quiz(answers: Mapping[str, Any]) -> Verdict:
-    """Exercise 3: ``answers[key]`` is True when the expression returns the same object, else False."""
+def check_quiz(answers: Mapping[str, Any], explain: bool = False) -> Verdict:
+    """Exercise 3: ``answers[key]`` is True when the expression returns the same object, else False.
+
+    With every answer right and ``explain=True``, the verdict also gives the reason for each case (the
+    hidden solution cell leaves it out, so its stored output does not give the answers away).
+    """
     if not isinstance(answers, Mapping):
         return fail(f"expected a dict like {{'a': True, 'b': False, ...}}, got {type(answers).__name__}.",
                     "answers = {'a': True, 'b': False, ...}")
@@ -336,4 +340,6 @@ def check_quiz(answers: Mapping[str, Any]) -> Verdict:
         return fail(f"{len(wrong)} of {len(QUIZ)} wrong: {lines}.",
                     "run each expression with `is x` to see for yourself: a change of dtype or device "
                     "(or copy=True) makes a new tensor; a module's .to() returns the module.")
+    if not explain:
+        return ok(f"all {len(QUIZ)} right. check_quiz(answers, explain=True) gives the reason for each.")
     return ok(f"all {len(QUIZ)} right.\n" + "\n".join(f"  {k}) {why}" for k, (_, why) in QUIZ.items()))

@@ -94,6 +94,11 @@ def stored_error_cells(path: Path) -> set[int]:
             if any(out.get("output_type") == "error" for out in cell.get("outputs", []))}
 
 
+def solution_cells(path: Path) -> int:
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return sum("solution" in cell["metadata"].get("tags", []) for cell in nb["cells"])
+
+
 def stored_images(path: Path) -> int:
     nb = json.loads(path.read_text(encoding="utf-8"))
     return sum("image/png" in out.get("data", {}) and WIDGET_VIEW not in out.get("data", {})
@@ -371,6 +376,17 @@ def test_static_site_renders_offline(browser):
             problems.append(f"{href}: {len(images)} images, the notebook stores {expected} plots")
         if not page.locator(".jp-Cell").count():
             problems.append(f"{href}: no notebook cells rendered")
+        solutions = page.locator("details.course-solution")
+        if solutions.count() != solution_cells(NOTEBOOKS[i]):
+            problems.append(f"{href}: {solutions.count()} collapsed solutions, the notebook has "
+                            f"{solution_cells(NOTEBOOKS[i])} solution cells")
+        for k in range(solutions.count()):
+            code = solutions.nth(k).locator("pre.course-solution-code")
+            if code.is_visible():
+                problems.append(f"{href}: solution {k + 1} is open before a click")
+            solutions.nth(k).locator("summary").click()
+            if not code.is_visible():
+                problems.append(f"{href}: solution {k + 1} does not open on a click")
         for rel in ("prev", "next"):
             nav = page.locator(f"nav.course-nav a[rel={rel}]")
             if nav.count() and not (SITE / nav.first.get_attribute("href")).exists():
