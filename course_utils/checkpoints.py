@@ -17,6 +17,8 @@ from deep inside torch:
   missing, unexpected and wrong-shape keys readably when the checkpoint does not fit.
 - `load_optimizer_state(optimizer, source)` does the same for an optimizer, so training resumes on
   another device.
+- `move_optimizer_state(optimizer)` puts every state tensor where its parameter is (the loop notebook 06
+  writes by hand), e.g. after the model moved once its optimizer state was loaded.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "load_checkpoint",
     "load_optimizer_state",
     "load_weights",
+    "move_optimizer_state",
     "strip_prefixes",
 ]
 
@@ -313,11 +316,32 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, source: Any, map_loca
         raise CheckpointError(f"{name}: the optimizer state does not fit this {type(optimizer).__name__} "
                               f"({exc}). Build the optimizer of the same kind over the same parameters, in "
                               "the same order, as when it was saved.") from None
+    return move_optimizer_state(optimizer)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Put every state tensor of ``optimizer`` on the device (and in the dtype) of its parameter.
+
+    The rule is the one ``Optimizer.load_state_dict`` follows: Adam's moments, SGD's momentum and the
+    like go where their parameter is; a ``step`` counter stays where it is (plain Adam reads it on the
+    CPU at every step), except for ``fused=True`` or ``capturable=True`` parameter groups, which compute
+    with it on the device and get it there as float32. Use it when the model moved *after* its optimizer
+    state was loaded. Returns the optimizer.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"move_optimizer_state: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     for group in optimizer.param_groups:
-        keep_step = not (group.get("fused") or group.get("capturable"))
+        step_on_device = bool(group.get("fused") or group.get("capturable"))
         for p in group["params"]:
-            for key, value in optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor) and value.device != p.device and not (
-                        key == "step" and keep_step):
-                    optimizer.state[p][key] = value.to(p.device)
+            state = optimizer.state.get(p)
+            if not state:
+                continue
+            for key, value in state.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if key != "step":
+                    dtype = p.dtype if value.is_floating_point() or value.is_complex() else value.dtype
+                    state[key] = value.to(p.device, dtype)
+                elif step_on_device:
+                    state[key] = value.to(p.device, torch.float32)
     return optimizer

@@ -1,65 +1,23 @@
-"""Notebook 04 (DataParallel): a CPU-runnable model of `torch.nn.DataParallel`, its four steps in plain
-PyTorch.
+"""Notebook 04 (DataParallel): how DataParallel cuts a batch into chunks, and the pictures of its steps.
 
-`nn.DataParallel` needs CUDA GPUs; without them it just calls the module. This module does the same four
-steps on whatever device the tensors are on (the CPU in class), with one *thread* per simulated GPU, so a
-student can watch each step and check it against the plain module:
+The four steps themselves (scatter, replicate, parallel apply, gather) are written out in the notebook's
+own cells, as the lesson; this module only holds what the notebook would otherwise have to hide:
 
-1. `scatter` splits every tensor argument into chunks along ``dim``, as ``torch.chunk`` does (and as
-   DataParallel's scatter does): chunk size ``ceil(batch / n)``, so 9 samples on 4 GPUs give chunks of
-   3, 3, 3 and only three replicas run; a batch of 10 on 8 GPUs gives five chunks of 2. Everything that
-   is not a tensor is handed to every replica as it is.
-2. `replicate` makes one replica of the module per chunk. A replica is a shallow copy of the module tree
-   (the same code, hooks and attributes) that holds *differentiable copies* of the parameters, so the
-   gradient of every replica flows back into the original parameters' ``.grad``, summed, exactly as
-   DataParallel's ``Broadcast`` / ``ReduceAddCoalesced`` do it across GPUs.
-3. `parallel_apply` runs replica *i* on chunk *i*, each in its own thread (grad mode is per thread, so it
-   is handed to each), and re-raises a replica's exception in the caller, naming the replica.
-4. `gather` concatenates the replicas' outputs along ``dim``, recursing into tuples, lists, dicts and
-   named tuples; 0-dim outputs (a scalar loss) become a vector with one entry per replica, with the same
-   warning DataParallel gives.
-
-`SimulatedDataParallel` is an `nn.Module` that does the four steps in its ``forward``.
-
-Buffers, as in DataParallel (``torch/nn/parallel/replicate.py`` and ``comm.broadcast_coalesced``, whose
-copy for ``device_ids[0]`` *is* the source tensor): replica 0 uses the original buffers themselves; the
-other replicas get copies that are thrown away after the forward. So an in-place buffer update made in
-``forward`` is kept only from replica 0: a BatchNorm layer in training mode updates ``running_mean``,
-``running_var`` and ``num_batches_tracked`` from the statistics of the *first chunk only*, once per
-forward, and it normalises each chunk with that chunk's own batch statistics (so in training mode the
-output differs from the unsplit module's; in eval mode it is the same). Anything else ``forward`` changes
-on a replica (``self.calls += 1``) is lost, as DataParallel's documentation warns.
+- `chunk_sizes`: the chunk sizes ``torch.chunk`` (and so DataParallel's scatter) makes of a batch, used
+  by the batch-split picture and by the exercise checkers;
+- `plot_batch_split`: which samples of a batch each GPU gets, idle GPUs greyed;
+- `plot_mechanism`: the four steps of the forward pass and the summed gradients of the backward pass.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-import warnings
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-import torch
-from torch import nn
-
-__all__ = [
-    "ReplicaError",
-    "SimulatedDataParallel",
-    "chunk_sizes",
-    "gather",
-    "parallel_apply",
-    "plot_batch_split",
-    "plot_mechanism",
-    "replicate",
-    "scatter",
-    "scatter_kwargs",
-]
-
-SCALAR_GATHER_WARNING = ("Was asked to gather along dimension 0, but all input tensors were scalars; "
-                         "will instead unsqueeze and return a vector.")
+__all__ = ["chunk_sizes", "plot_batch_split", "plot_mechanism"]
 
 
 def chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
@@ -79,225 +37,6 @@ def chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
         return [0] * n_devices  # torch.chunk of an empty dimension: n empty chunks
     size = math.ceil(batch_size / n_devices)
     return [min(size, batch_size - start) for start in range(0, batch_size, size)]
-
-
-def _is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields") and hasattr(obj, "_asdict")
-
-
-def scatter(inputs: Any, n_chunks: int, dim: int = 0) -> list[Any]:
-    """Split ``inputs`` into at most ``n_chunks`` pieces along ``dim``, one per replica.
-
-    Tensors are split with ``torch.chunk`` (views: gradients flow back to the input). Tuples, lists, named
-    tuples and dicts are split element by element and rebuilt per chunk; anything else is passed to every
-    chunk unchanged. The result is a list with one entry per chunk; its length is the smallest number of
-    chunks any tensor gave (fewer than ``n_chunks`` when the batch is small), as in DataParallel.
-
-    >>> [t.shape[0] for t in scatter(torch.zeros(9, 2), 4)]
-    [3, 3, 3]
-    """
-    if not isinstance(n_chunks, int) or n_chunks < 1:
-        raise ValueError(f"scatter(): n_chunks must be a positive int, got {n_chunks!r}")
-
-    def split(obj: Any) -> list[Any]:
-        if isinstance(obj, torch.Tensor):
-            if obj.dim() == 0:
-                raise ValueError("scatter(): cannot split a 0-dim tensor (a scalar); pass it inside a "
-                                 "1-element tensor, or as a Python number, which every replica receives")
-            if not -obj.dim() <= dim < obj.dim():
-                raise ValueError(f"scatter(): dim={dim} is out of range for a tensor of shape "
-                                 f"{tuple(obj.shape)}")
-            return list(obj.chunk(n_chunks, dim))
-        if _is_namedtuple(obj):
-            return [type(obj)(*parts) for parts in zip(*map(split, obj), strict=False)]
-        if isinstance(obj, tuple) and obj:
-            return [tuple(parts) for parts in zip(*map(split, obj), strict=False)]
-        if isinstance(obj, list) and obj:
-            return [list(parts) for parts in zip(*map(split, obj), strict=False)]
-        if isinstance(obj, dict) and obj:
-            keys = list(obj)
-            return [type(obj)(zip(keys, parts, strict=True))
-                    for parts in zip(*(split(obj[k]) for k in keys), strict=False)]
-        return [obj for _ in range(n_chunks)]
-
-    return split(inputs)
-
-
-def scatter_kwargs(inputs: tuple[Any, ...], kwargs: dict[str, Any] | None, n_chunks: int,
-                   dim: int = 0) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
-    """Scatter positional and keyword arguments together: ``(args per chunk, kwargs per chunk)``.
-
-    Both lists have the same length, the number of replicas to run (the fewest chunks any tensor
-    gave). With no arguments at all, one replica runs with none.
-    """
-    args = scatter(tuple(inputs), n_chunks, dim) if inputs else []
-    kws = scatter(dict(kwargs), n_chunks, dim) if kwargs else []
-    if not args and not kws:
-        return [()], [{}]
-    n = min(len(args), len(kws)) if args and kws else max(len(args), len(kws))
-    args = args[:n] if args else [() for _ in range(n)]
-    kws = kws[:n] if kws else [{} for _ in range(n)]
-    return args, kws
-
-
-def _shallow_copy(module: nn.Module) -> nn.Module:
-    """A new module object of the same class sharing code, hooks and attributes, with its own tensor slots."""
-    replica = module.__new__(type(module))
-    replica.__dict__ = module.__dict__.copy()
-    replica._parameters = {}  # the replica holds copies as plain attributes, not as Parameters
-    replica._buffers = replica._buffers.copy()
-    replica._modules = replica._modules.copy()
-    return replica
-
-
-def replicate(module: nn.Module, n: int) -> list[nn.Module]:
-    """``n`` replicas of ``module`` whose tensors come from the original module.
-
-    Replica 0 uses the original parameters and buffers themselves (as DataParallel's replica on
-    ``device_ids[0]`` does). Replicas 1..n-1 use ``clone()`` copies: a clone of a parameter is
-    differentiable, so the gradient each replica computes flows back into the original parameter's
-    ``.grad``, where autograd sums the contributions. Buffer copies are detached: updates to them are lost.
-    Under ``torch.no_grad()`` the parameter copies are detached too.
-    """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"replicate() needs an nn.Module, got {type(module).__name__}")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"replicate(): n must be a positive int, got {n!r}")
-    grad = torch.is_grad_enabled()
-    modules = list(module.modules())
-    replicas: list[list[nn.Module]] = []
-    for j in range(n):
-        copies = {id(m): _shallow_copy(m) for m in modules}
-        for m in modules:
-            r = copies[id(m)]
-            for key, child in m._modules.items():
-                r._modules[key] = None if child is None else copies[id(child)]
-            for key, p in m._parameters.items():
-                value: torch.Tensor | None
-                if p is None:
-                    value = None
-                elif j == 0:
-                    value = p
-                else:
-                    value = p.clone() if grad else p.detach().clone()
-                object.__setattr__(r, key, value)
-            for key, b in m._buffers.items():
-                r._buffers[key] = b if (b is None or j == 0) else b.detach().clone()
-        replicas.append([copies[id(m)] for m in modules])
-    return [r[0] for r in replicas]
-
-
-class ReplicaError(RuntimeError):
-    """An exception raised inside one replica, re-raised in the caller."""
-
-
-def parallel_apply(replicas: Sequence[nn.Module], inputs: Sequence[Any],
-                   kwargs: Sequence[dict[str, Any]] | None = None) -> list[Any]:
-    """Run ``replicas[i](*inputs[i], **kwargs[i])`` for every i, each in its own thread; outputs in order.
-
-    An input that is not a tuple or list is passed as the single argument. An exception in a replica is
-    re-raised here, with the replica's number in the message (the original is its ``__cause__``).
-    Grad mode is handed to the threads; autocast is not (DataParallel also enters each GPU's device,
-    stream and autocast state, which a single device does not need).
-    """
-    if len(replicas) != len(inputs):
-        raise ValueError(f"parallel_apply(): {len(replicas)} replicas but {len(inputs)} inputs; "
-                         "give one input per replica")
-    if kwargs is None:
-        kwargs = [{} for _ in replicas]
-    if len(kwargs) != len(replicas):
-        raise ValueError(f"parallel_apply(): {len(replicas)} replicas but {len(kwargs)} kwargs dicts")
-    grad_enabled = torch.is_grad_enabled()
-    results: dict[int, Any] = {}
-    errors: dict[int, BaseException] = {}
-    lock = threading.Lock()
-
-    def worker(i: int, replica: nn.Module, args: Any, kw: dict[str, Any]) -> None:
-        torch.set_grad_enabled(grad_enabled)  # grad mode is thread-local
-        try:
-            if not isinstance(args, (list, tuple)):
-                args = (args,)
-            out = replica(*args, **kw)
-            with lock:
-                results[i] = out
-        except Exception as exc:
-            with lock:
-                errors[i] = exc
-
-    work = list(zip(replicas, inputs, kwargs, strict=True))
-    if len(work) == 1:
-        worker(0, *work[0])
-    else:
-        threads = [threading.Thread(target=worker, args=(i, *w), name=f"replica-{i}")
-                   for i, w in enumerate(work)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if errors:
-        i = min(errors)
-        exc = errors[i]
-        raise ReplicaError(f"in replica {i}: {type(exc).__name__}: {exc}") from exc
-    return [results[i] for i in range(len(work))]
-
-
-def gather(outputs: Sequence[Any], dim: int = 0) -> Any:
-    """Join the replicas' outputs: tensors concatenated along ``dim``, containers rebuilt element-wise.
-
-    0-dim tensors (a loss computed inside ``forward``) cannot be concatenated: with ``dim=0`` they are
-    stacked into a vector of one value per replica, with DataParallel's warning.
-    """
-    if not outputs:
-        raise ValueError("gather(): no outputs to gather")
-    first = outputs[0]
-    if isinstance(first, torch.Tensor):
-        if all(t.dim() == 0 for t in outputs) and dim == 0:
-            warnings.warn(SCALAR_GATHER_WARNING, UserWarning, stacklevel=2)
-            return torch.stack(list(outputs))
-        return torch.cat(list(outputs), dim=dim)
-    if first is None:
-        return None
-    if isinstance(first, dict):
-        if any(set(o) != set(first) for o in outputs):
-            raise ValueError("gather(): the replicas returned dicts with different keys")
-        return type(first)((k, gather([o[k] for o in outputs], dim)) for k in first)
-    if _is_namedtuple(first):
-        return type(first)._make(gather(list(parts), dim) for parts in zip(*outputs, strict=True))
-    if isinstance(first, (tuple, list)):
-        return type(first)(gather(list(parts), dim) for parts in zip(*outputs, strict=True))
-    raise TypeError(f"gather(): cannot gather outputs of type {type(first).__name__}; a replica must "
-                    "return tensors, or tuples, lists or dicts of tensors")
-
-
-class SimulatedDataParallel(nn.Module):
-    """DataParallel's four steps on one device, with a thread per simulated GPU.
-
-    ``SimulatedDataParallel(module, n_devices=2, dim=0)(*args, **kwargs)`` scatters the arguments along
-    ``dim`` into at most ``n_devices`` chunks, replicates ``module`` once per chunk, runs the replicas in
-    threads and gathers their outputs along ``dim``. The wrapped module is ``self.module`` (so, as with
-    DataParallel, its attributes are reached through ``.module`` and its ``state_dict`` keys start with
-    ``module.``). Outputs and parameter gradients equal ``module(*args, **kwargs)``'s, up to float
-    rounding, for any module that treats samples independently; see the module docstring for buffers.
-    """
-
-    def __init__(self, module: nn.Module, n_devices: int = 2, dim: int = 0) -> None:
-        super().__init__()
-        if not isinstance(n_devices, int) or n_devices < 1:
-            raise ValueError(f"SimulatedDataParallel: n_devices must be a positive int, got {n_devices!r}")
-        self.module = module
-        self.n_devices = n_devices
-        self.dim = dim
-
-    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        if self.n_devices == 1:  # like DataParallel with one device: no scatter, no threads
-            return self.module(*inputs, **kwargs)
-        args, kws = scatter_kwargs(inputs, kwargs, self.n_devices, self.dim)
-        replicas = replicate(self.module, len(args))
-        outputs = parallel_apply(replicas, args, kws)
-        return gather(outputs, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"n_devices={self.n_devices}, dim={self.dim}"
 
 
 # ---------------------------------------------------------------------------------------- pictures

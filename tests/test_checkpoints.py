@@ -24,6 +24,7 @@ from course_utils.checkpoints import (
     load_checkpoint,
     load_optimizer_state,
     load_weights,
+    move_optimizer_state,
     strip_prefixes,
 )
 from course_utils.exercises.loading_across_devices import check_gpu_checkpoint_on_cpu, check_two_prefix_repair
@@ -534,6 +535,40 @@ def test_optimizer_state_errors():
         load_optimizer_state(other, {"optimizer": opt.state_dict()})
     with pytest.raises(TypeError):
         load_optimizer_state(object(), {})  # type: ignore[arg-type]
+
+
+
+def test_move_optimizer_state_follows_the_parameters_and_leaves_step():
+    model, opt = _trained()
+    model.to(torch.float64)  # the parameters change after the state exists: the state must follow
+    p = next(model.parameters())
+    step = opt.state[p]["step"]
+    assert opt.state[p]["exp_avg"].dtype == torch.float32
+    assert move_optimizer_state(opt) is opt
+    assert opt.state[p]["exp_avg"].dtype == torch.float64 and opt.state[p]["exp_avg_sq"].dtype == torch.float64
+    assert opt.state[p]["step"] is step and step.dtype == torch.float32 and step.device.type == "cpu"
+    model(torch.randn(4, 3, dtype=torch.float64)).sum().backward()
+    opt.step()
+    assert int(opt.state[p]["step"]) == 4
+
+
+def test_move_optimizer_state_puts_a_fused_step_on_the_device_as_float32():
+    model = FooNet()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, fused=True)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    p = next(model.parameters())
+    opt.state[p]["step"] = opt.state[p]["step"].to(torch.float64)
+    move_optimizer_state(opt)
+    assert opt.state[p]["step"].dtype == torch.float32 and opt.state[p]["step"].device == p.device
+
+
+def test_move_optimizer_state_adds_no_state_and_rejects_non_optimizers():
+    opt = torch.optim.Adam(FooNet().parameters())
+    move_optimizer_state(opt)
+    assert len(opt.state) == 0
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        move_optimizer_state(object())  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------- the 2019 lecture's GPU files

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from conftest import notebook_solution
 from torch import nn
 
 from course_utils.exercises.data_parallel import (
@@ -48,14 +49,9 @@ def test_unwrap() -> None:
     assert not check_unwrap("net.module")
 
 
-def _scatter_dict(batch: dict, n: int) -> list[dict]:
-    tensors = {k: v.chunk(n) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-    count = min(len(c) for c in tensors.values())
-    return [{k: (tensors[k][i] if k in tensors else v) for k, v in batch.items()} for i in range(count)]
-
-
-def _gather_dict(outputs: list[dict]) -> dict:
-    return {k: torch.cat([o[k] for o in outputs]) for k in outputs[0]}
+# the notebook's solution cell is the right answer (tensors cut with .chunk, flags copied, cat in order)
+_scatter_dict = notebook_solution("04_data_parallel", "scatter_dict")
+_gather_dict = notebook_solution("04_data_parallel", "gather_dict")
 
 
 def test_dict_scatter_gather_right() -> None:

@@ -44,7 +44,8 @@ CURRICULUM: tuple[Lesson, ...] = (
     Lesson("05_distributed_data_parallel", "DistributedDataParallel",
            "processes and all-reduce; DDP on CPU and GPU; `torchrun` on one and two nodes; fault tolerance"),
     Lesson("06_loading_across_devices", "Loading across devices",
-           "`map_location`; `module.` and `_orig_mod.` prefixes; `weights_only`; optimizer state across devices"),
+           "`map_location`; `module.` and `_orig_mod.` prefixes; `weights_only`; optimizer state across devices; "
+           "`mmap=True`; safetensors"),
 )
 
 APPENDIX = re.compile(r"^9\d_appendix_[a-z0-9_]+$")
