@@ -1,4 +1,5 @@
-"""The workers of notebook 05 (DistributedDataParallel): collectives, gradients three ways, DDP training.
+"""The workers of notebook 05 (DistributedDataParallel): collectives, gradients three ways, and what
+production DDP needs (no_sync, BatchNorm and SyncBatchNorm, unused parameters, a hung rank, debug reports).
 
 Each runs in its own process, started by `course_utils.launch.launch` with the process group already set
 up, and returns what it saw (printing from several processes would interleave at random). They live in a
@@ -9,18 +10,20 @@ module because a spawned process imports the function it runs by name (notebook 
 from __future__ import annotations
 
 import inspect
+import re
+import time
 from collections.abc import Callable
-from pathlib import Path
+from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .ddp_train import make_dataset, make_model, weights_sha256
-
-__all__ = ["collectives_demo", "compare_gradients", "global_batch", "grads", "local_slice", "print_source",
-           "tiny_model", "train_ddp"]
+__all__ = ["TwoHeads", "accumulate_gradients", "batchnorm_demo", "collectives_demo",
+           "compare_gradients", "error_message", "global_batch", "grads", "local_slice", "mismatched_collectives",
+           "print_source", "skip_a_collective", "tiny_model", "unused_parameters"]
 
 
 def print_source(fn: Callable[..., Any]) -> None:
@@ -105,35 +108,196 @@ def compare_gradients(rank: int, world_size: int) -> dict[str, Any]:
                                                                        diff(ddp.module, single))}
 
 
-def train_ddp(rank: int, world_size: int, checkpoint_dir: str, epochs: int = 3,
-              use_set_epoch: bool = True) -> dict[str, Any]:
-    """DDP training on the CPU: DistributedSampler (+ set_epoch), rank-0 checkpoints, barrier."""
+# --- what production DDP needs ------------------------------------------------------------------------
+
+def error_message(exc: BaseException) -> str:
+    """``Type: message`` with what belongs to one build or machine taken out: a C++ source location
+    (``[/path/to/gloo/...cc:78] ``, which names the build's folders and changes with each release) and
+    the long ``TensorOptions(...)`` of a collective's fingerprint (shortened to ``TensorOptions(…)``)."""
+    text = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\] ", "", str(exc))
+    text = re.sub(r"TensorOptions\((?:[^()]|\([^()]*\))*\)", "TensorOptions(…)", text)
+    return f"{type(exc).__name__}: {text.strip()}"
+
+
+def _ddp(model: nn.Module, **kwargs: Any) -> nn.Module:
+    """``model`` wrapped in DDP on this rank's device: ``cuda:<rank>`` under NCCL, else the CPU."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, DistributedSampler
 
-    data = make_dataset(64)
-    sampler: DistributedSampler[Any] = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True,
-                                                          seed=0)
-    loader = DataLoader(data, batch_size=8, sampler=sampler)
-    model = DDP(make_model())
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    torch.manual_seed(rank)  # each rank its own dropout stream
-    first_indices, losses = [], []
-    for epoch in range(epochs):
-        if use_set_epoch:
-            sampler.set_epoch(epoch)  # reshuffle: a different order each epoch, the same on every rank
-        first_indices.append(list(sampler)[:6])
-        for x, y in loader:
-            loss = nn.functional.mse_loss(model(x), y)
+    if dist.get_backend() == "nccl":
+        rank = dist.get_rank()
+        return DDP(model.to(f"cuda:{rank}"), device_ids=[rank], **kwargs)
+    return DDP(model, **kwargs)
+
+
+def accumulate_gradients(rank: int, world_size: int, micro_batches: int = 4) -> dict[str, Any]:
+    """Gradient accumulation over ``micro_batches`` backward passes, without and with ``no_sync()``.
+
+    A communication hook counts DDP's all-reduces (one per gradient bucket; this model fits in one).
+    Returns, for each way, how many all-reduces ran and whether the accumulated gradients equal the
+    gradients of one process on the whole batch.
+    """
+    x, y = global_batch(16)  # 8 samples per rank, in micro-batches of 2
+    xl, yl = local_slice(x, rank, world_size), local_slice(y, rank, world_size)
+    single = tiny_model()
+    nn.functional.mse_loss(single(x), y).backward()
+
+    found: dict[str, Any] = {"rank": rank}
+    for way in ("every backward", "no_sync"):
+        model = tiny_model()
+        ddp = _ddp(model)
+        calls: list[int] = []  # the hook's state: one entry per all-reduce
+        ddp.register_comm_hook(calls, _counting_allreduce)  # type: ignore[operator]
+        for i, (xm, ym) in enumerate(zip(xl.chunk(micro_batches), yl.chunk(micro_batches), strict=True)):
+            last = i == micro_batches - 1
+            with ddp.no_sync() if way == "no_sync" and not last else nullcontext():  # type: ignore[operator]
+                loss = nn.functional.mse_loss(ddp(xm), ym) / micro_batches  # the mean over the big batch
+                loss.backward()
+        same = all(torch.allclose(g, h, atol=1e-6) for g, h in zip(grads(model), grads(single), strict=True))
+        found[way] = {"all_reduces": len(calls), "equals_big_batch": same}
+    return found
+
+
+def _counting_allreduce(calls: list[int], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """A DDP communication hook: note the bucket, then do what DDP does by default (all-reduce, divide
+    by the world size)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    calls.append(bucket.index())
+    return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default process group
+
+
+# DDP compares a hook's annotations with the classes themselves; this module's annotations are strings
+# (``from __future__ import annotations``), so give it the classes.
+_counting_allreduce.__annotations__["bucket"] = dist.GradBucket
+_counting_allreduce.__annotations__["return"] = torch.futures.Future[torch.Tensor]
+
+def _sync_buffers_flag() -> str:
+    """DDP's flag for copying rank 0's buffers to every rank before each forward: ``forward_sync_buffers``
+    in recent releases (torch 2.13 calls ``broadcast_buffers`` deprecated, with a warning), else
+    ``broadcast_buffers``."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    params = inspect.signature(DDP).parameters
+    return "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+
+
+_SYNC_BUFFERS = _sync_buffers_flag()
+def _bn_model() -> nn.Module:
+    """A small MLP with a BatchNorm layer: 16 features → 8 → 1."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def batchnorm_demo(rank: int, world_size: int, sync: bool = False, steps: int = 3) -> dict[str, Any]:
+    """BatchNorm under DDP: batch statistics per rank, and DDP's buffer sync (``broadcast_buffers``).
+
+    ``sync=False``: a plain BatchNorm1d, trained ``steps`` steps with DDP's buffer sync on (the default)
+    and off (see `_sync_buffers_flag`); a forward pre-hook records the running mean each forward starts
+    with, and the ranks compare theirs. ``sync=True``: the model converted with ``convert_sync_batchnorm``
+    (made for GPUs and NCCL: on the CPU, DDP refuses it, and so does the converted model's own forward;
+    both messages are returned). Both report whether the first step's gradients equal those of one
+    process on the whole batch.
+    """
+    device = torch.device(f"cuda:{rank}") if dist.get_backend() == "nccl" else torch.device("cpu")
+    x, y = global_batch(16, seed=2)
+    single = _bn_model().to(device)
+    nn.functional.mse_loss(single(x.to(device)), y.to(device)).backward()
+    xl, yl = local_slice(x, rank, world_size).to(device), local_slice(y, rank, world_size).to(device)
+
+    found: dict[str, Any] = {"rank": rank}
+    for sync_buffers in (True, False):
+        model = _bn_model()
+        if sync:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            found["converted"] = type(list(model.children())[1]).__name__
+        try:
+            ddp = _ddp(model, **{_SYNC_BUFFERS: sync_buffers})
+        except ValueError as exc:  # DDP refuses SyncBatchNorm on the CPU; and SyncBatchNorm itself?
+            found["error"] = error_message(exc)
+            try:
+                model(xl)
+                found["forward_error"] = "none"
+            except ValueError as forward_exc:
+                found["forward_error"] = error_message(forward_exc)
+            return found
+        starts: list[torch.Tensor] = []  # the running mean each forward starts with
+        list(model.children())[1].register_forward_pre_hook(partial(_record_running_mean, starts))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(steps):
             opt.zero_grad()
-            loss.backward()
+            nn.functional.mse_loss(ddp(xl), yl).backward()
+            if step == 0:
+                found["grads_equal_big_batch"] = all(
+                    torch.allclose(g, h, atol=1e-5)
+                    for g, h in zip(grads(model), grads(single), strict=True))
             opt.step()
-        losses.append(round(loss.item(), 2))  # 2 decimals: the same on any CPU
-        if rank == 0:  # one writer: the weights are the same on every rank
-            torch.save({"epoch": epoch, "model": model.module.state_dict(),
-                        "optimizer": opt.state_dict()}, Path(checkpoint_dir) / f"epoch-{epoch}.pt")
-        dist.barrier()  # the others wait until the checkpoint is on disk
-    return {"rank": rank, "first_indices": first_indices, "losses": losses,
-            "sha256": weights_sha256(model.module),
-            "files": sorted(p.name for p in Path(checkpoint_dir).glob("epoch-*.pt"))}
+        mine = torch.stack(starts)
+        everyone = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(everyone, mine)
+        found[f"sync_buffers={sync_buffers}"] = {
+            "same_running_mean_at_each_forward": all(torch.equal(e, mine) for e in everyone)}
+        if sync:
+            break
+    return found
 
+
+def _record_running_mean(starts: list[torch.Tensor], module: nn.Module, args: Any) -> None:
+    starts.append(module.running_mean.clone())  # type: ignore[operator]
+
+
+class TwoHeads(nn.Module):
+    """A trunk and two heads; ``forward`` uses only head ``a`` (head ``b`` is for another task)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk = nn.Linear(16, 8)
+        self.a = nn.Linear(8, 1)
+        self.b = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(torch.relu(self.trunk(x)))
+
+
+def unused_parameters(rank: int, world_size: int, find_unused: bool = False, steps: int = 2) -> str:
+    """Train `TwoHeads` under DDP for ``steps`` steps; return the error of the step that failed, or a
+    report of the steps that ran."""
+    x, y = global_batch(8)
+    model = TwoHeads()
+    ddp = _ddp(model, find_unused_parameters=find_unused)
+    for step in range(steps):
+        try:
+            nn.functional.mse_loss(ddp(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+        except RuntimeError as exc:
+            return f"step {step}: {error_message(exc)}"
+    unused = [name for name, p in model.named_parameters() if p.grad is None]
+    return f"{steps} steps ran; parameters without a gradient: {unused}"
+
+
+def skip_a_collective(rank: int, world_size: int, stall: float = 5.0) -> str:
+    """Rank 1 never calls the ``all_reduce`` that the others call (it is busy for ``stall`` seconds, as
+    if stuck in its data loader); the others wait, until the process group's timeout raises."""
+    t = torch.ones(1)
+    if rank == 1:
+        time.sleep(stall)
+        return f"rank {rank}: skipped the all_reduce"
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as exc:
+        return f"rank {rank} after {time.monotonic() - start:.0f} s: {error_message(exc)}"
+    return f"rank {rank}: all_reduce returned {t.tolist()}"
+
+
+def mismatched_collectives(rank: int, world_size: int) -> str:
+    """Rank 0 calls ``all_reduce``, the others ``broadcast``: a bug that only ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
+    reports as such (without it the ranks wait for each other until the timeout, or worse)."""
+    t = torch.ones(2)
+    try:
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, src=0)
+    except RuntimeError as exc:
+        return f"rank {rank}: {error_message(exc)}"
+    return f"rank {rank}: no error, t = {t.tolist()}"

@@ -7,6 +7,9 @@ A function defined in a notebook cell is not; the lesson's workers live in `cour
 - `launch(fn, world_size, *args)` starts ``world_size`` processes on this machine, joins them into a
   gloo (or NCCL) process group over 127.0.0.1 on a free port, runs ``fn(rank, world_size, *args)`` in
   each and returns the per-rank results, or raises `WorkerError` with the failing rank's traceback.
+  ``group_timeout`` is the process group's own timeout (how long a collective waits for the others) and
+  ``env`` sets environment variables in the workers before the group starts (``TORCH_DISTRIBUTED_DEBUG``);
+  ``quiet`` sends their standard error (C++ log lines, with times) to /dev/null.
 - `start_worker_pool()` starts the forkserver early, so the first launch does not wait for imports.
 """
 
@@ -60,11 +63,19 @@ def start_worker_pool(start_method: str | None = None) -> None:
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple[Any, ...],
-           queue: Any, timeout: float, backend: str) -> None:
+           queue: Any, timeout: float, backend: str, env: dict[str, str], quiet: bool) -> None:
     """What each launched process runs: join the group, call ``fn``, send back its result."""
+    if quiet:  # this process only: its errors still come back through the queue
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
+        # torch.distributed reads TORCH_DISTRIBUTED_DEBUG when it is imported, and the forkserver imported
+        # it before ``env`` was set: read it again, before the group starts.
+        dist.set_debug_level_from_env()
         extra: dict[str, Any] = {}
         if backend == "nccl":  # one GPU per process: rank r uses cuda:r
             torch.cuda.set_device(rank)
@@ -82,10 +93,16 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: 
 
 
 def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 60.0,
-           start_method: str | None = None, backend: str = "gloo") -> list[Any]:
+           start_method: str | None = None, backend: str = "gloo", group_timeout: float | None = None,
+           env: dict[str, str] | None = None, quiet: bool = False) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes joined by a process group.
 
     ``backend`` is ``"gloo"`` (CPU, the default) or ``"nccl"`` (rank r on ``cuda:r``).
+    ``group_timeout`` (seconds, default ``timeout``) is given to ``init_process_group(timeout=...)``: a
+    collective that waits longer for another rank raises. ``env`` is set in each worker's environment
+    before the process group starts, e.g. ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}``. ``quiet=True`` sends
+    the workers' standard error to /dev/null: what torch's C++ code logs there (with a time stamp) would
+    otherwise appear in a notebook cell's output, and their errors come back in `WorkerError` anyway.
     ``fn`` must be importable (defined in a module, not in a notebook cell) and its arguments and
     return value picklable. Returns the results ordered by rank. Raises `WorkerError` with the first
     failing rank's traceback, or when the processes do not finish within ``timeout`` seconds.
@@ -95,7 +112,8 @@ def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: flo
                           "a new process cannot import it. Put it in a module, e.g. course_utils.")
     for attempt in range(3):
         try:
-            return _launch_once(fn, world_size, args, timeout, start_method, backend)
+            return _launch_once(fn, world_size, args, timeout, start_method, backend,
+                                group_timeout or timeout, dict(env or {}), quiet)
         except WorkerError as exc:
             # The free port found a moment ago can be taken by another program before rank 0 listens
             # on it: pick another port and start again.
@@ -105,11 +123,13 @@ def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: flo
 
 
 def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], timeout: float,
-                 start_method: str | None, backend: str) -> list[Any]:
+                 start_method: str | None, backend: str, group_timeout: float,
+                 env: dict[str, str], quiet: bool) -> list[Any]:
     ctx = _context(start_method)
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, queue, timeout, backend),
+    procs = [ctx.Process(target=_entry,
+                         args=(fn, r, world_size, port, args, queue, group_timeout, backend, env, quiet),
                          daemon=True)
              for r in range(world_size)]
     for p in procs:

@@ -1,8 +1,9 @@
 """``torchrun`` from a notebook cell: notebook 05 (DistributedDataParallel).
 
 `torchrun(...)` and `torchrun_two_nodes(...)` run ``python -m torch.distributed.run`` (the program behind
-the ``torchrun`` command) with `course_utils.ddp_train` as the training script, with a timeout, and return
-a `TorchrunResult`: what the job printed, its exit code and the final-weights hash rank 0 printed.
+the ``torchrun`` command) with a timeout, and return a `TorchrunResult`: what the job printed, its exit
+code and the final-weights hash rank 0 printed. The training script is `course_utils.ddp_train` (snapshots,
+restarts), or a script file of your own (``script="train.py"``, the one notebook 05 writes).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ _LESSON_CRASH = re.compile(r"^\[rank \d+\] simulated crash")
 # torchrun's log lines about a failure: the first failed worker, the others being stopped, a restart.
 _TORCHRUN_FAILURE = re.compile(r"failed \(exitcode|closing signal|restart", re.IGNORECASE)
 _LOG_PREFIX = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ \S+\] ")
+_RANK_PREFIX = re.compile(r"^\[rank (\d+)\]")
 
 
 @dataclass
@@ -74,14 +76,22 @@ class TorchrunResult:
         return keep
 
     def show(self, stderr: bool = True) -> None:
-        """Print the command, rank 0's lines, and torchrun's notable messages.
+        """Print the command, what the ranks printed, and torchrun's notable messages.
 
-        The final-weights hash is shortened to its first 12 hex digits, followed by "…": the bytes of
+        The processes print at the same time, so their lines arrive interleaved in an order that changes
+        from run to run: lines that start with ``[rank N]`` are shown grouped by rank, each rank's in the
+        order it printed them (other lines after them). The final-weights hash is shortened to its first 12 hex digits, followed by "…": the bytes of
         the weights depend on the CPU's instruction set, so the hash is for the eye (and for comparing
         runs on this machine, in code), not a value to expect elsewhere.
         """
         print(f"$ {self.display}")
-        for line in self.stdout.splitlines():
+
+        def rank_of(line: str) -> int:
+            m = _RANK_PREFIX.match(line)
+            return int(m.group(1)) if m else sys.maxsize
+
+        lines = [line for line in self.stdout.splitlines() if line.strip()]
+        for line in sorted(lines, key=rank_of):  # sorted() keeps each rank's order
             if line.startswith(HASH_PREFIX):
                 line = f"{HASH_PREFIX} {short_digest(line[len(HASH_PREFIX):].strip())}"
             print(f"  {line}")
@@ -91,13 +101,18 @@ class TorchrunResult:
         print(f"  exit code {self.returncode}")
 
 
-def _torchrun_cmd(launcher_args: Sequence[str], train_args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *launcher_args,
-            "-m", "course_utils.ddp_train", *train_args]
+def _program(script: str | None) -> list[str]:
+    """What torchrun runs: a script file, or the course's training module."""
+    return [script] if script else ["-m", "course_utils.ddp_train"]
 
 
-def _display(launcher_args: Sequence[str], train_args: Sequence[str], port: int | None = None) -> str:
-    text = " ".join(["torchrun", *launcher_args, "-m", "course_utils.ddp_train", *train_args])
+def _torchrun_cmd(launcher_args: Sequence[str], train_args: Sequence[str], script: str | None = None) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *launcher_args, *_program(script), *train_args]
+
+
+def _display(launcher_args: Sequence[str], train_args: Sequence[str], port: int | None = None,
+             script: str | None = None) -> str:
+    text = " ".join(["torchrun", *launcher_args, *_program(script), *train_args])
     return text.replace(f":{port}", ":$PORT") if port else text
 
 
@@ -128,15 +143,16 @@ def _finish(proc: subprocess.Popen[str], timeout: float, t0: float, cmd: list[st
 
 
 def torchrun(launcher_args: Sequence[str], train_args: Sequence[str], cwd: str | Path = ".",
-             timeout: float = 120.0) -> TorchrunResult:
+             timeout: float = 120.0, script: str | None = None) -> TorchrunResult:
     """Run ``torchrun LAUNCHER_ARGS -m course_utils.ddp_train TRAIN_ARGS`` and wait for it.
 
-    Uses ``python -m torch.distributed.run`` of this interpreter (no PATH set-up needed). The job and
-    all its workers are killed after ``timeout`` seconds.
+    With ``script`` (a path, relative to ``cwd``), run ``torchrun LAUNCHER_ARGS SCRIPT TRAIN_ARGS``
+    instead. Uses ``python -m torch.distributed.run`` of this interpreter (no PATH set-up needed). The
+    job and all its workers are killed after ``timeout`` seconds.
     """
-    cmd = _torchrun_cmd(launcher_args, train_args)
+    cmd = _torchrun_cmd(launcher_args, train_args, script)
     t0 = time.monotonic()
-    return _finish(_popen(cmd, cwd), timeout, t0, cmd, _display(launcher_args, train_args))
+    return _finish(_popen(cmd, cwd), timeout, t0, cmd, _display(launcher_args, train_args, script=script))
 
 
 def torchrun_two_nodes(train_args: Sequence[str], nproc_per_node: int = 2, cwd: str | Path = ".",

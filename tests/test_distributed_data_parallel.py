@@ -66,7 +66,7 @@ def test_collectives_demo() -> None:
 
 def test_launch_reports_worker_error() -> None:
     with pytest.raises(L.WorkerError, match="rank 0"):
-        L.launch(W.train_ddp, 2, "/nonexistent/folder/for/checkpoints", 1)
+        L.launch(W.local_slice, 2)  # called as local_slice(rank, world_size): an argument is missing
 
 
 def test_launch_refuses_main_function() -> None:
@@ -78,11 +78,84 @@ def test_launch_refuses_main_function() -> None:
         L.launch(local, 2)
 
 
-def test_train_ddp_weights_identical(tmp_path: Path) -> None:
-    ranks = L.launch(W.train_ddp, 2, str(tmp_path), 2)
-    assert ranks[0]["sha256"] == ranks[1]["sha256"]
-    assert ranks[0]["first_indices"][0] != ranks[0]["first_indices"][1]  # set_epoch reshuffles
-    assert ranks[1]["files"] == ["epoch-0.pt", "epoch-1.pt"]  # rank 1 sees rank 0's files after the barrier
+def test_no_sync_skips_the_all_reduce_and_keeps_the_gradients() -> None:
+    for r in L.launch(W.accumulate_gradients, 2):
+        assert r["every backward"] == {"all_reduces": 4, "equals_big_batch": True}, r
+        assert r["no_sync"] == {"all_reduces": 1, "equals_big_batch": True}, r
+
+
+def test_batchnorm_per_rank_statistics_and_buffer_sync() -> None:
+    for r in L.launch(W.batchnorm_demo, 2):
+        assert r["grads_equal_big_batch"] is False  # each rank normalises with its own batch
+        assert r["sync_buffers=True"]["same_running_mean_at_each_forward"] is True
+        assert r["sync_buffers=False"]["same_running_mean_at_each_forward"] is False
+
+
+def test_sync_batchnorm_is_refused_on_the_cpu() -> None:
+    for r in L.launch(W.batchnorm_demo, 2, True):
+        assert r["converted"] == "SyncBatchNorm"
+        assert r["error"] == "ValueError: SyncBatchNorm layers only work with GPU modules"
+        assert r["forward_error"].startswith("ValueError: SyncBatchNorm expected input tensor to be on GPU")
+
+
+def test_unused_parameters_error_debug_names_and_fix() -> None:
+    plain = L.launch(W.unused_parameters, 2)[0]
+    assert plain.startswith("step 1: RuntimeError: Expected to have finished reduction")
+    assert "find_unused_parameters=True" in plain
+    assert "Parameter indices which did not receive grad for rank 0: 4 5" in plain
+    info = L.launch(W.unused_parameters, 2, env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})[0]
+    assert "Parameters which did not receive grad for rank 0: b.bias, b.weight" in info
+    assert L.launch(W.unused_parameters, 2, True) == [
+        "2 steps ran; parameters without a gradient: ['b.weight', 'b.bias']"] * 2
+
+
+def test_a_skipped_collective_times_out_and_detail_names_the_rank() -> None:
+    plain = L.launch(W.skip_a_collective, 2, 2.0, group_timeout=1, quiet=True)
+    assert plain[1] == "rank 1: skipped the all_reduce"
+    assert plain[0].startswith("rank 0 after ") and "RuntimeError: Timed out waiting 1000ms" in plain[0]
+    assert "/" not in plain[0]  # the C++ source location (a build path) is taken out
+    detail = L.launch(W.skip_a_collective, 2, 2.0, group_timeout=1, quiet=True,
+                      env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert "Ranks 1 failed to pass monitoredBarrier" in detail[0]
+
+
+def test_mismatched_collectives_under_detail() -> None:
+    ranks = L.launch(W.mismatched_collectives, 2, group_timeout=2, quiet=True,
+                     env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert "Detected mismatch between collectives on ranks" in ranks[0]
+    assert "OpType=ALLREDUCE" in ranks[0] and "OpType=BROADCAST" in ranks[0]
+    assert "TensorOptions(…)" in ranks[0] and "memory_format" not in ranks[0]
+
+
+def test_error_message_drops_build_paths() -> None:
+    exc = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out")
+    assert W.error_message(exc) == "RuntimeError: Timed out"
+
+
+TRAIN_SCRIPT = """\
+import os
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for i in range(3):
+    print(f"[rank {rank}] line {i}\\n", end="")
+print(f"local rank {os.environ['LOCAL_RANK']}")  # no rank prefix: shown after the ranks' lines
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_runs_a_script_and_groups_lines_by_rank(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "job.py").write_text(TRAIN_SCRIPT)
+    r = T.torchrun(["--standalone", "--nproc-per-node=2"], [], cwd=tmp_path, script="job.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r.show()
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == "$ torchrun --standalone --nproc-per-node=2 job.py"
+    assert shown[1:7] == [f"  [rank {k}] line {i}" for k in (0, 1) for i in range(3)]
+    assert sorted(shown[7:9]) == ["  local rank 0", "  local rank 1"]
+    assert shown[-1] == "  exit code 0"
 
 
 def test_torchrun_prints_one_hash(plain: T.TorchrunResult) -> None:
