@@ -46,6 +46,9 @@ CURRICULUM: tuple[Lesson, ...] = (
     Lesson("06_loading_across_devices", "Loading across devices",
            "`map_location`; `module.` and `_orig_mod.` prefixes; `weights_only`; optimizer state across devices; "
            "`mmap=True`; safetensors"),
+    Lesson("07_performance_toolbox", "The performance toolbox",
+           "profiling a step (trace and timeline); mixed precision and GradScaler; `torch.compile`; CUDA graphs; "
+           "memory snapshots and fragmentation; the input pipeline; the speed ladder"),
 )
 
 APPENDIX = re.compile(r"^9\d_appendix_[a-z0-9_]+$")

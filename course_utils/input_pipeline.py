@@ -1,0 +1,50 @@
+"""Notebook 07: a data set whose items cost real CPU work, for measuring an input pipeline.
+
+`DecodedImages` stands for a folder of JPEGs: each item is "decoded" (an image drawn from the item's
+seed), then augmented (a random crop resized back, a flip) and normalised, all on the CPU, as a
+torchvision transform pipeline would. It lives in a module, not in the notebook, because ``DataLoader``
+workers started with *spawn* (macOS, Windows, and CUDA-safe setups) import the data set's class: a class
+defined in a notebook cell cannot be found by them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+__all__ = ["DecodedImages"]
+
+
+class DecodedImages(Dataset[tuple[torch.Tensor, int]]):
+    """``n`` items of ``(image, label)``: a float ``(3, size, size)`` image and a label in ``[0, classes)``.
+
+    ``work`` scales the CPU cost of one item (how many augmentation passes it takes); item ``i`` is the
+    same in every process and on every run."""
+
+    def __init__(self, n: int = 512, size: int = 64, classes: int = 10, work: int = 4) -> None:
+        if min(n, size, classes, work) < 1:
+            raise ValueError(f"DecodedImages: n, size, classes and work must be at least 1, got "
+                             f"n={n}, size={size}, classes={classes}, work={work}")
+        self.n, self.size, self.classes, self.work = n, size, classes, work
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= i < self.n:
+            raise IndexError(f"item {i} of a data set of {self.n}")
+        g = torch.Generator().manual_seed(i)
+        raw = torch.randint(0, 256, (3, self.size + 16, self.size + 16), dtype=torch.uint8, generator=g)
+        image = raw.float().unsqueeze(0)
+        for _ in range(self.work):  # augmentation passes: crop, resize back, maybe flip, blur a little
+            top, left = torch.randint(0, 17, (2,), generator=g).tolist()
+            crop = image[..., top:top + self.size, left:left + self.size]
+            image = F.interpolate(crop, size=(self.size + 16, self.size + 16), mode="bilinear",
+                                  align_corners=False)
+            if torch.rand((), generator=g) < 0.5:
+                image = image.flip(-1)
+            image = F.avg_pool2d(image, 3, stride=1, padding=1)
+        image = image[..., 8:8 + self.size, 8:8 + self.size].squeeze(0)
+        image = (image - image.mean()) / (image.std() + 1e-5)
+        return image, i % self.classes
