@@ -4,9 +4,11 @@
   kernels for ``device`` on this machine, else a sentence saying what is missing: a C++ compiler for
   the CPU, Triton for CUDA. Graph capture itself (``torch._dynamo.explain``, ``backend="eager"``) needs
   neither, so those demos run everywhere.
-- `recompile_messages()`: a context manager that collects the "Recompiling function ..." messages
-  ``torch.compile`` logs while it is open (what ``TORCH_LOGS=recompiles`` prints), without the log
-  prefix of time stamp and process id, so that a notebook can print them.
+- `compile_log(**artifacts)`: a context manager that collects what ``torch.compile`` logs for the named
+  log artifacts while it is open (``perf_hints=True`` is ``TORCH_LOGS=perf_hints``), one message per
+  log record, without the prefix of time stamp and process id, so that a notebook can print them.
+- `recompile_messages()`: `compile_log` for the "Recompiling function ..." messages
+  (``TORCH_LOGS=recompiles``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from contextlib import contextmanager, redirect_stderr
 
 import torch
 
-__all__ = ["compile_problem", "recompile_messages"]
+__all__ = ["compile_log", "compile_problem", "recompile_messages"]
 
 _PREFIX = re.compile(r"^[A-Z]\d{4} [\d:.]+ \d+ \S+\] (\[[^\]]*\] )*")
 
@@ -52,23 +54,28 @@ def compile_problem(device: str | torch.device) -> str | None:
 
 
 @contextmanager
-def recompile_messages() -> Iterator[list[str]]:
-    """Collect ``torch.compile``'s recompilation messages while the block runs (one string each)."""
+def compile_log(**artifacts: bool) -> Iterator[list[str]]:
+    """Collect ``torch.compile``'s log messages of ``artifacts`` (e.g. ``recompiles=True``,
+    ``perf_hints=True``) while the block runs; one string per message, its continuation lines included."""
     messages: list[str] = []
     buffer = io.StringIO()
     with redirect_stderr(buffer):
-        torch._logging.set_logs(recompiles=True)  # its handler writes to the stderr of this moment
+        torch._logging.set_logs(**artifacts)  # type: ignore[arg-type]  # its handler writes to this stderr
     try:
         yield messages
     finally:
         torch._logging.set_logs()
-        current: list[str] = []
         for line in buffer.getvalue().splitlines():
             text = _PREFIX.sub("", line)
-            if text.startswith("Recompiling function") and current:
-                messages.append("\n".join(current))
-                current = []
-            if text.strip():
-                current.append(text)
-        if current:
-            messages.append("\n".join(current))
+            if text[:1].isspace() and messages:  # an indented line continues the message before it
+                messages[-1] += "\n" + text
+            else:
+                messages.append(text)
+        messages[:] = [m for m in messages if m.strip()]
+
+
+@contextmanager
+def recompile_messages() -> Iterator[list[str]]:
+    """Collect ``torch.compile``'s recompilation messages while the block runs (one string each)."""
+    with compile_log(recompiles=True) as messages:
+        yield messages

@@ -1,4 +1,4 @@
-"""Notebooks 01, 02 and 04 (and the helpers that print): numbers for people, durations, byte counts and
+"""Notebooks 01, 02, 04 and 07 (and the helpers that print): numbers for people, durations, byte counts and
 table figures, one function each.
 
 Every notebook prints through these (notebook 01 first), so a duration or a size reads the same in every

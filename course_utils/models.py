@@ -1,5 +1,5 @@
-"""The small networks several places share: notebook 06 (loading across devices) and the tool that saved
-its GPU checkpoints (tools/make_gpu_checkpoints.py), and the tests. One definition, so that a checkpoint
+"""The networks several places share: notebook 06 (loading across devices) and the tool that saved its
+GPU checkpoints (tools/make_gpu_checkpoints.py), notebook 07 (the performance toolbox), and the tests. One definition, so that a checkpoint
 saved from one always fits the other.
 
 - `FooNet`: the 2019 lecture's network, three 3×3 linear layers without bias, each followed by a ReLU.
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GPT", "FooNet", "GPTConfig", "TinyClassifier", "token_batch"]
+__all__ = ["GPT", "Block", "FooNet", "GPTConfig", "TinyClassifier", "token_batch"]
 
 
 class FooNet(nn.Module):

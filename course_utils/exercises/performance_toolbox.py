@@ -26,8 +26,6 @@ def normalize_then_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 def _explain(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> Any:
-    import torch._dynamo
-
     torch._dynamo.reset()
     return torch._dynamo.explain(fn)(x)
 
