@@ -55,6 +55,7 @@ __all__ = [
     "recordings_dir",
     "run_or_replay",
     "save_recording",
+    "scrub_paths",
     "show_recording",
 ]
 
@@ -140,8 +141,26 @@ def hardware_meta(gpus: int = 1) -> dict[str, Any]:
     }
 
 
+_SITE_PACKAGES = re.compile(r"(/[^\s\"':\x1b]+)?/(site|dist)-packages/")
+
+
+def scrub_paths(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``outputs`` with the GPU host's package folder written as ``<site-packages>/`` in stream text and
+    tracebacks (a warning names the file it comes from), as the stored notebooks write it: students never
+    read the folders of the machine that recorded."""
+    clean = json.loads(json.dumps(outputs))
+    for out in clean:
+        if isinstance(out.get("text"), str):
+            out["text"] = _SITE_PACKAGES.sub("<site-packages>/", out["text"])
+        if isinstance(out.get("traceback"), list):
+            out["traceback"] = [_SITE_PACKAGES.sub("<site-packages>/", line) for line in out["traceback"]]
+    return clean
+
+
 def save_recording(name: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> Path:
-    """Write a recording atomically (temporary file, then rename). Returns its path."""
+    """Write a recording atomically (temporary file, then rename), package paths scrubbed (`scrub_paths`).
+    Returns its path."""
+    outputs = scrub_paths(outputs)
     path = _path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")

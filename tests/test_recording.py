@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -161,3 +162,18 @@ def test_label_names_the_driver_when_known():
     assert rec.recording_label(meta) == "1× NVIDIA H200 · PyTorch 2.11.0+cu130 · CUDA 13.0 · driver 580.159.04 · 2026-12-02"
     del meta["driver"]  # recordings made before the driver was noted
     assert rec.recording_label(meta) == "1× NVIDIA H200 · PyTorch 2.11.0+cu130 · CUDA 13.0 · 2026-12-02"
+
+
+def test_recordings_never_show_the_hosts_package_folder(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(rec.DIR_ENV, str(tmp_path))
+    warning = "/opt/torch/.venv/lib/python3.12/site-packages/torch/profiler/profiler.py:224: UserWarning: x\n"
+    outputs = [{"output_type": "stream", "name": "stderr", "text": warning},
+               {"output_type": "error", "ename": "E", "evalue": "v",
+                "traceback": ["File /usr/lib/python3/dist-packages/numpy/core.py:1"]}]
+    rec.save_recording("scrubbed", outputs, {"device": "d"})
+    saved = rec.load_recording("scrubbed").outputs
+    assert saved[0]["text"] == "<site-packages>/torch/profiler/profiler.py:224: UserWarning: x\n"
+    assert saved[1]["traceback"] == ["File <site-packages>/numpy/core.py:1"]
+    assert outputs[0]["text"] == warning  # the caller's outputs are left as they were
+    for path in (Path(rec.__file__).parent / "recorded").glob("*.json"):
+        assert "-packages/" not in path.read_text(encoding="utf-8").replace("<site-packages>/", ""), path.name
