@@ -145,20 +145,20 @@ _SITE_PACKAGES = re.compile(r"(/[^\s\"':\x1b]+)?/(site|dist)-packages/")
 
 
 def scrub_paths(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``outputs`` with the GPU host's package folder written as ``<site-packages>/`` in stream text and
-    tracebacks (a warning names the file it comes from), as the stored notebooks write it: students never
-    read the folders of the machine that recorded."""
+    """``outputs`` with the GPU host's package folder left out of stream text and tracebacks: a warning that
+    names ``/opt/venv/lib/python3.12/site-packages/torch/x.py`` is stored as naming ``torch/x.py``, so
+    students never read the folders of the machine that recorded."""
     clean = json.loads(json.dumps(outputs))
     for out in clean:
         if isinstance(out.get("text"), str):
-            out["text"] = _SITE_PACKAGES.sub("<site-packages>/", out["text"])
+            out["text"] = _SITE_PACKAGES.sub("", out["text"])
         if isinstance(out.get("traceback"), list):
-            out["traceback"] = [_SITE_PACKAGES.sub("<site-packages>/", line) for line in out["traceback"]]
+            out["traceback"] = [_SITE_PACKAGES.sub("", line) for line in out["traceback"]]
     return clean
 
 
 def save_recording(name: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> Path:
-    """Write a recording atomically (temporary file, then rename), package paths scrubbed (`scrub_paths`).
+    """Write a recording atomically (temporary file, then rename), package folders left out (`scrub_paths`).
     Returns its path."""
     outputs = scrub_paths(outputs)
     path = _path(name)

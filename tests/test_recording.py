@@ -172,8 +172,8 @@ def test_recordings_never_show_the_hosts_package_folder(tmp_path, monkeypatch) -
                 "traceback": ["File /usr/lib/python3/dist-packages/numpy/core.py:1"]}]
     rec.save_recording("scrubbed", outputs, {"device": "d"})
     saved = rec.load_recording("scrubbed").outputs
-    assert saved[0]["text"] == "<site-packages>/torch/profiler/profiler.py:224: UserWarning: x\n"
-    assert saved[1]["traceback"] == ["File <site-packages>/numpy/core.py:1"]
+    assert saved[0]["text"] == "torch/profiler/profiler.py:224: UserWarning: x\n"
+    assert saved[1]["traceback"] == ["File numpy/core.py:1"]
     assert outputs[0]["text"] == warning  # the caller's outputs are left as they were
     for path in (Path(rec.__file__).parent / "recorded").glob("*.json"):
-        assert "-packages/" not in path.read_text(encoding="utf-8").replace("<site-packages>/", ""), path.name
+        assert "-packages/" not in path.read_text(encoding="utf-8"), path.name
