@@ -294,6 +294,7 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     if rank == 0:
         print(f"{HASH_PREFIX} {weights_sha256(model)}", flush=True)
+    dist.barrier()  # leave together: with gloo, a rank exiting while another still talks to it can abort it
     dist.destroy_process_group()
     return 0
 
