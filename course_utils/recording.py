@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "PACKAGE_FOLDER",
     "Recording",
     "RecordingError",
     "cell_digest",
@@ -141,7 +142,8 @@ def hardware_meta(gpus: int = 1) -> dict[str, Any]:
     }
 
 
-_SITE_PACKAGES = re.compile(r"(/[^\s\"':\x1b]+)?/(site|dist)-packages/")
+PACKAGE_FOLDER = re.compile(r"(/[^\s\"':\x1b]+)?/(site|dist)-packages/")
+"""An installed package's folder on the machine that ran the code (tools/refresh_notebooks.py uses it too)."""
 
 
 def scrub_paths(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -151,9 +153,9 @@ def scrub_paths(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     clean = json.loads(json.dumps(outputs))
     for out in clean:
         if isinstance(out.get("text"), str):
-            out["text"] = _SITE_PACKAGES.sub("", out["text"])
+            out["text"] = PACKAGE_FOLDER.sub("", out["text"])
         if isinstance(out.get("traceback"), list):
-            out["traceback"] = [_SITE_PACKAGES.sub("", line) for line in out["traceback"]]
+            out["traceback"] = [PACKAGE_FOLDER.sub("", line) for line in out["traceback"]]
     return clean
 
 

@@ -24,14 +24,15 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from course_utils.recording import PACKAGE_FOLDER
+
 ROOT = Path(__file__).resolve().parents[1]
-_SITE_PACKAGES = re.compile(r"(/[^\s\"':\x1b]+)?/(site|dist)-packages/")
 _IPYKERNEL_CELL = re.compile(r"/tmp/ipykernel_\d+/\d+\.py")
 
 
 def scrub_paths(text: str, root: Path = ROOT) -> str:
     """``text`` without this machine's folders: installed packages, this repository, kernel cell files."""
-    text = _SITE_PACKAGES.sub("<site-packages>/", text)
+    text = PACKAGE_FOLDER.sub("<site-packages>/", text)
     text = _IPYKERNEL_CELL.sub("<ipykernel-cell>", text)
     return text.replace(str(root) + os.sep, "")
 
