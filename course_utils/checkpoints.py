@@ -1,5 +1,5 @@
-"""Notebook 06 (loading across devices): load checkpoints saved anywhere (one GPU, several, a compiled
-model) on any device.
+"""Notebooks 06 (loading across devices) and 08 (a sharded checkpoint turned into one file): load
+checkpoints saved anywhere (one GPU, several, a compiled model) on any device.
 
 ``torch.load`` does the work; this module adds what a student would otherwise meet as a bare traceback
 from deep inside torch:

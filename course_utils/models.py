@@ -1,6 +1,6 @@
 """The networks several places share: notebook 06 (loading across devices) and the tool that saved its
-GPU checkpoints (tools/make_gpu_checkpoints.py), notebook 07 (the performance toolbox), and the tests. One definition, so that a checkpoint
-saved from one always fits the other.
+GPU checkpoints (tools/make_gpu_checkpoints.py), notebooks 07 (the performance toolbox) and 08 (when the
+model does not fit), and the tests. One definition, so that a checkpoint saved from one always fits the other.
 
 - `FooNet`: the 2019 lecture's network, three 3×3 linear layers without bias, each followed by a ReLU.
 - `TinyClassifier`: notebook 06's exercise network, 4 → 8 → 2.

@@ -2,8 +2,8 @@
 one file of shards per rank and a ``.metadata`` file that says where every tensor's pieces are.
 
 DCP writes ``.metadata`` last, after every rank's shards, so a folder without it is a save that did not
-finish. ``dcp.load`` then fails with ``AssertionError: metadata is None; global metadata read failed ...``
-after logging two tracebacks. These helpers say what is wrong instead, and never load such a folder:
+finish. ``dcp.load`` then logs two tracebacks and raises a ``CheckpointException`` (a ``BaseException``)
+whose rank error is ``AssertionError: metadata is None; global metadata read failed ...``. These helpers say what is wrong instead, and never load such a folder:
 
 - `check_sharded_checkpoint(path)`: the folder exists, is not empty, has its ``.metadata``, and every shard
   file the metadata names is there and long enough; else `CheckpointError` naming the folder and what is

@@ -1,4 +1,4 @@
-"""``torchrun`` from a notebook cell: notebook 05 (DistributedDataParallel).
+"""``torchrun`` from a notebook cell: notebooks 05 (DistributedDataParallel) and 08 (FSDP2).
 
 `torchrun(...)` and `torchrun_two_nodes(...)` run ``python -m torch.distributed.run`` (the program behind
 the ``torchrun`` command) with a timeout, and return a `TorchrunResult`: what the job printed, its exit

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from ..models import GPTConfig
@@ -68,7 +69,7 @@ def check_per_rank_bytes(fn: Callable[[int, int, int], float]) -> Verdict:
     """Exercise: ``fn(n_params, world_size, stage)`` returns the bytes of parameters, gradients and AdamW
     state (float32) that one rank holds with ZeRO ``stage`` (0 = DDP, 1, 2, 3 = FSDP) on ``world_size``."""
     bad = _valid_call(fn, "check_per_rank_bytes(per_rank_bytes)")
-    if bad:
+    if bad is not None:
         return bad
     cases = [(n, w, s) for n in (137_216, 1_000_000_000) for w in (1, 2, 4, 8) for s in (0, 1, 2, 3)]
     for n, w, s in cases:
@@ -123,7 +124,7 @@ def check_memory_plan(fn: Callable[[GPTConfig, int, float], tuple[int, bool] | N
     that fits (stage 0 before 1, 2, 3; activation checkpointing only when no stage fits without it), or
     None when nothing fits."""
     bad = _valid_call(fn, "check_memory_plan(plan)")
-    if bad:
+    if bad is not None:
         return bad
     for cfg, w, budget in PLAN_CASES:
         where = (f"d_model {cfg.d_model}, {cfg.n_layers} blocks, batch {cfg.batch} × {cfg.seq_len} per rank, "
@@ -142,7 +143,7 @@ def check_memory_plan(fn: Callable[[GPTConfig, int, float], tuple[int, bool] | N
                             "return None when no plan fits: the job needs more ranks, a smaller batch, or "
                             "offloading.")
             continue
-        if (not isinstance(got, tuple) or len(got) != 2 or got[0] not in (0, 1, 2, 3)
+        if (not isinstance(got, tuple) or len(got) != 2 or type(got[0]) is not int or got[0] not in (0, 1, 2, 3)
                 or not isinstance(got[1], bool)):
             return fail(f"for {where} you returned {got!r}; expected (stage, checkpointed): stage 0 to 3 and "
                         "True or False, or None.")
@@ -170,7 +171,7 @@ def check_load_on_one_process(fn: Callable[[str | os.PathLike[str]], nn.Module],
     """Exercise: ``fn(folder)`` returns a plain (unsharded) model holding the weights of the DCP checkpoint in
     ``folder``, loaded in this process without a process group; ``expected`` is its full state dict."""
     bad = _valid_call(fn, "check_load_on_one_process(load_on_one_process, folder, expected)")
-    if bad:
+    if bad is not None:
         return bad
     try:
         model = fn(folder)
@@ -178,12 +179,16 @@ def check_load_on_one_process(fn: Callable[[str | os.PathLike[str]], nn.Module],
         return fail(f"your function raised {type(exc).__name__}: {exc}",
                     "the checkpoint is a folder written by torch.distributed.checkpoint, not a torch.save "
                     "file: load it with dcp.load (or load_sharded) into a state dict of the same structure.")
-    except Exception as exc:  # the student's code: report any failure as feedback
+    except (Exception, dcp.CheckpointException) as exc:  # the student's code: any failure is feedback
+        # dcp's CheckpointException (a BaseException) carries each rank's own error
+        errors = [e for e, _ in exc.failures.values()] if isinstance(exc, dcp.CheckpointException) else [exc]
+        first = errors[0] if errors else exc
+        text = str(first).splitlines()[0][:300] if str(first) else ""
         hint = ""
-        if "Missing key" in str(exc) or "model." in str(exc):
+        if "Missing key" in str(first):
             hint = ("the checkpoint was saved as {'model': model.state_dict()}: its keys start with 'model.'; "
                     "load into a dict of the same structure.")
-        return fail(f"your function raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", hint)
+        return fail(f"your function raised {type(first).__name__}: {text}", hint)
     if dist.is_available() and dist.is_initialized():
         return fail("your function started a process group.", "one process needs none: dcp.load reads "
                     "every shard file itself when no process group exists.")
