@@ -47,7 +47,10 @@ def activation_bytes(cfg: GPTConfig, checkpointed: bool = False) -> int:
 
 def reference_per_rank_bytes(n_params: int, world_size: int, stage: int) -> float:
     """Bytes of parameters, gradients and AdamW state one rank holds with ZeRO ``stage`` on ``world_size``."""
-    params, grads, adam = 4 * n_params, 4 * n_params, 8 * n_params
+    if stage not in (0, 1, 2, 3) or world_size < 1:
+        raise ValueError(f"ZeRO stages are 0 to 3 and a world has at least 1 rank; got stage {stage}, "
+                         f"world size {world_size}")
+    params, grads, adam = 4.0 * n_params, 4.0 * n_params, 8.0 * n_params
     if stage >= 1:
         adam /= world_size
     if stage >= 2:
@@ -59,7 +62,7 @@ def reference_per_rank_bytes(n_params: int, world_size: int, stage: int) -> floa
 
 def _valid_call(fn: Any, name: str) -> Verdict | None:
     if not callable(fn):
-        return fail(f"expected your function, got {type(fn).__name__}.", f"pass the function itself: ({name})")
+        return fail(f"expected your function, got {type(fn).__name__}.", f"pass the function itself: {name}")
     return None
 
 
