@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -44,3 +45,29 @@ def notebook_solution(stem: str, name: str) -> Callable[..., Any]:
             exec(compile(code, f"<{stem} solution>", "exec"), namespace)
             return namespace[name]
     raise LookupError(f"notebooks/{stem}.ipynb has no solution cell defining {name}()")
+
+
+def notebook_functions(stem: str, names: tuple[str, ...], namespace: dict[str, Any] | None = None, *,
+                       tag: str | None = None) -> dict[str, Any]:
+    """The functions ``names`` as a notebook's code cells define them, without the cells' other statements
+    (demos that need the results of earlier cells). ``namespace``: what the functions use from elsewhere;
+    ``tag``: look only in cells with that tag (``"solution"``: the right answer, not the exercise's stub).
+    Each name must be defined exactly once in the cells looked at."""
+    path = ROOT / "notebooks" / f"{stem}.ipynb"
+    found: dict[str, ast.FunctionDef] = {}
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] != "code" or (tag and tag not in cell["metadata"].get("tags", [])):
+            continue
+        try:
+            body = ast.parse("".join(cell["source"])).body
+        except SyntaxError:  # a cell with IPython magics (%%gpu, %pip) defines none of them
+            continue
+        for node in body:
+            if isinstance(node, ast.FunctionDef) and node.name in names:
+                assert node.name not in found, f"{path.name} defines {node.name}() twice"
+                found[node.name] = node
+    missing = [n for n in names if n not in found]
+    assert not missing, f"{path.name} has no code cell{f' tagged {tag}' if tag else ''} defining {', '.join(missing)}"
+    scope = dict(namespace or {})
+    exec(compile(ast.Module(body=[found[n] for n in names], type_ignores=[]), f"<{stem} cells>", "exec"), scope)
+    return {n: scope[n] for n in names}

@@ -2,14 +2,12 @@
 
 The notebook's solution cells end in demos that read the results of its torchrun runs (``n_small``,
 ``reports``, ``PLAN_CASES``), and `plan` and `load_on_one_process` use names other cells define, so
-`conftest.notebook_solution`, which runs the whole cell, cannot build them: ``_solution`` takes only the
-``def`` from the cell and runs it with the names it is given.
+`conftest.notebook_solution`, which runs the whole cell, cannot build them: `conftest.notebook_functions`
+takes only the ``def`` from the cell and runs it with the names it is given.
 """
 
 from __future__ import annotations
 
-import ast
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+from conftest import notebook_functions
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -27,7 +26,6 @@ from course_utils.memory_accounting import saved_tensor_bytes
 from course_utils.models import GPT, GPTConfig, token_batch
 
 NB = "08_fully_sharded_data_parallel"
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / f"{NB}.ipynb"
 SMALL = GPTConfig(vocab=256, seq_len=64, d_model=64, n_heads=4, n_layers=2, batch=16)  # the notebook's SMALL
 SHAPES = (
     GPTConfig(),
@@ -41,34 +39,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 
 # --- the notebook's own functions ----------------------------------------------------------------------------
 
-def _code_cells() -> list[tuple[list[str], str]]:
-    """(tags, source) of each code cell of the notebook."""
-    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    return [(cell["metadata"].get("tags", []), "".join(cell["source"]))
-            for cell in nb["cells"] if cell["cell_type"] == "code"]
-
-
-def _defs(source: str, names: tuple[str, ...], namespace: dict[str, Any]) -> dict[str, Callable[..., Any]]:
-    """The functions ``names`` as ``source`` (one cell) defines them, without the cell's other statements."""
-    body = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name in names]
-    assert sorted(node.name for node in body) == sorted(names), f"the cell does not define {names} once each"
-    exec(compile(ast.Module(body=body, type_ignores=[]), f"<{NB} cell>", "exec"), namespace)
-    return {name: namespace[name] for name in names}
-
-
 def _section_one() -> dict[str, Callable[..., Any]]:
     """parameter_count and activation_bytes as section 1's cell defines them."""
-    cells = [source for _, source in _code_cells() if source.startswith("def parameter_count(cfg):")]
-    assert len(cells) == 1, f"{NOTEBOOK.name} has {len(cells)} cells starting with def parameter_count(cfg):"
-    return _defs(cells[0], ("parameter_count", "activation_bytes"), {})
+    return notebook_functions(NB, ("parameter_count", "activation_bytes"))
 
 
 def _solution(name: str, **names: Any) -> Callable[..., Any]:
     """The function ``name`` of the notebook's solution cell; ``names``: what it uses from other cells."""
-    for tags, source in _code_cells():
-        if "solution" in tags and f"def {name}(" in source:
-            return _defs(source, (name,), {"torch": torch, **names})[name]
-    raise LookupError(f"{NOTEBOOK.name} has no solution cell defining {name}()")
+    return notebook_functions(NB, (name,), {"torch": torch, **names}, tag="solution")[name]
 
 
 def _solution_plan() -> Callable[..., Any]:

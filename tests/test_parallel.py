@@ -8,17 +8,15 @@ as well as by nbval.
 
 from __future__ import annotations
 
-import ast
 import copy
-import json
 import threading
 import warnings
-from pathlib import Path
 from typing import Any
 
 import matplotlib
 import pytest
 import torch
+from conftest import notebook_functions
 from torch import nn
 
 from course_utils.devices import cuda_device_count
@@ -26,37 +24,15 @@ from course_utils.parallel import chunk_sizes, plot_batch_split, plot_mechanism
 
 matplotlib.use("Agg")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "04_data_parallel.ipynb"
+# what the notebook's steps use from elsewhere
+NAMESPACE = {"copy": copy, "threading": threading, "warnings": warnings, "torch": torch, "nn": nn}
 STEPS = ("scatter", "replicate", "parallel_apply", "gather", "data_parallel")
-
-
-def _notebook_functions(path: Path, names: tuple[str, ...]) -> dict[str, Any]:
-    """The functions ``names`` as the notebook's code cells define them, without the cells' demos."""
-    namespace: dict[str, Any] = {"copy": copy, "threading": threading, "warnings": warnings,
-                                 "torch": torch, "nn": nn}
-    found: dict[str, ast.FunctionDef] = {}
-    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        try:
-            body = ast.parse("".join(cell["source"])).body
-        except SyntaxError:  # a cell with IPython magics (%%gpu, %pip) defines none of the steps
-            continue
-        for node in body:
-            if isinstance(node, ast.FunctionDef) and node.name in names:
-                assert node.name not in found, f"{path.name} defines {node.name}() twice"
-                found[node.name] = node
-    missing = [n for n in names if n not in found]
-    assert not missing, f"{path.name} has no code cell defining {', '.join(missing)}"
-    module = ast.Module(body=[found[n] for n in names], type_ignores=[])
-    exec(compile(module, f"<{path.stem} cells>", "exec"), namespace)
-    return {n: namespace[n] for n in names}
 
 
 @pytest.fixture(scope="module")
 def nb() -> Any:
     """The notebook's functions, as attributes: nb.scatter, nb.replicate, ..."""
-    return type("NotebookSteps", (), {k: staticmethod(v) for k, v in _notebook_functions(NOTEBOOK, STEPS).items()})
+    return type("NotebookSteps", (), {k: staticmethod(v) for k, v in notebook_functions("04_data_parallel", STEPS, NAMESPACE).items()})
 
 
 def _mlp(seed: int = 0) -> nn.Module:
