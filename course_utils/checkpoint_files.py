@@ -3,21 +3,30 @@ with a checkpoint file that cannot be loaded, said so that a student knows what 
 
 Two questions, each answered by one public function that returns the message, or None:
 
-- `problem_before_loading(path, name)`: a missing file (or folder), a folder, an empty file, or something
-  that is not a PyTorch checkpoint at all (a plain pickle, NumPy, HDF5, safetensors, a Git LFS pointer, a
-  web page...).
+- `problem_before_loading(path, name)`: a missing file (or folder), a folder (of ``torch.save`` files, a
+  ``torch.distributed.checkpoint`` folder, whole or half-written, a model folder in Hugging Face's layout, a
+  folder of checkpoint folders), an empty file, or something that is not a ``torch.save`` checkpoint (a
+  plain pickle, NumPy, HDF5, safetensors, the index of sharded weights, a ``torch.export`` or AOTInductor
+  ``.pt2`` archive, a Git LFS pointer, a web page...).
 - `problem_after_failed_load(path, name, exc, trusted)`: ``torch.load`` raised ``exc``. The file's structure
   is read to say why, and nothing of it is unpickled: its zip archive (end record, checksums,
-  ``<folder>/data.pkl``) or legacy layout, and the instructions of its pickles, walked with
-  `pickletools.genops`. Whether a global is one the safe loader refuses is asked of ``torch.load`` itself.
+  ``<folder>/data.pkl``, a TorchScript archive's ``constants.pkl``) or legacy layout, and the instructions of
+  its pickles, walked with `pickletools.genops`. Whether a global is one the safe loader refuses is asked of
+  ``torch.load`` itself.
 
 Each diagnosis is a problem kind with its details, and `MESSAGES` is the one table from kind to message.
+
+What a file or folder is, read from its first bytes, its zip entries or its file names (nothing is
+loaded), is public, for `course_utils.checkpoints` and `course_utils.sharded_checkpoints`:
+`file_kind(path)`, `folder_contents(folder)`, `checkpoint_folders(folder)`, and `weight_files(path)` (the
+files that hold the weights of a safetensors file, an index of sharded weights, or a Hugging Face folder).
 """
 
 from __future__ import annotations
 
 import difflib
 import io
+import json
 import os
 import pickle
 import pickletools
@@ -32,7 +41,8 @@ from typing import Any, BinaryIO, Literal, NamedTuple
 
 import torch
 
-__all__ = ["MESSAGES", "problem_after_failed_load", "problem_before_loading"]
+__all__ = ["MESSAGES", "FolderContents", "WeightFiles", "checkpoint_folders", "file_kind", "folder_contents",
+           "problem_after_failed_load", "problem_before_loading", "weight_files"]
 
 _LEGACY_MAGIC = bytes.fromhex("6cfc9c46f9206aa85019")  # torch.save's magic number before PyTorch 1.6
 _RELATIVE = "A relative path starts from the current working directory (in Jupyter, the notebook's folder)."
@@ -47,12 +57,191 @@ def _missing(path: Path) -> _Diagnosis:
     return "missing", {"close": f" Did you mean {said}?" if close else ""}
 
 
+def _listed(names: list[str], limit: int = 4) -> str:
+    return ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
+
+
 def _folder(path: Path) -> _Diagnosis:
+    contents = folder_contents(path)
+    if contents.dcp_metadata:
+        return "dcp_folder", {"count": str(len(contents.dcp_shards))}
+    if contents.dcp_shards:
+        return "dcp_partial", {"count": str(len(contents.dcp_shards)), "shards": _listed(contents.dcp_shards)}
+    weights = weight_files(path)
+    if weights is not None and (contents.config or weights.index_file is not None):
+        return "hf_folder", _hf_details(weights, contents.config)
     found = sorted(p.name for p in path.iterdir()
                    if p.suffix in (".pt", ".pth", ".bin", ".pkl", ".ckpt", ".tar", ".safetensors"))
     inside = (" It contains " + ", ".join(found[:5]) + (" ..." if len(found) > 5 else "")
               + ": pass one of those files.") if found else ""
+    if not found and (folders := checkpoint_folders(path)):
+        described = "; ".join(f"{sub} ({what})" for sub, what in folders[:4]) + ("; ..." if len(folders) > 4 else "")
+        return "folders", {"folders": described}
     return "folder", {"inside": inside}
+
+
+def _hf_details(weights: WeightFiles, config: bool) -> dict[str, str]:
+    if weights.index_file is not None:
+        shards = [f.name for f in weights.files]
+        where = f"{weights.index_file.name} and the {len(shards)} file(s) it names ({_listed(shards, 3)})"
+    else:
+        where = weights.files[0].name
+    missing = (f" Its index names {len(weights.missing)} file(s) that are not in the folder "
+               f"({_listed(weights.missing, 3)}): download or copy them into it first." if weights.missing else "")
+    what = ("a model folder in Hugging Face's layout (config.json and the weights)" if config
+            else "a folder of weights in Hugging Face's layout")
+    return {"what": what, "where": where, "missing": missing}
+
+
+# ------------------------------------------------------------------------- what a file or folder is
+
+FileKind = Literal["torch.save", "torchscript", "export", "aoti", "safetensors", "index", "other"]
+"""What wrote a file: ``torch.save``, ``torch.jit.save`` (TorchScript), ``torch.export.save``, AOTInductor's
+packager, safetensors, an index of sharded weights (``*.index.json``), or something else."""
+
+_INDEX_LIMIT = 64 << 20  # an index of sharded weights is a few MB even for the largest models
+_SNIFF_LIMIT = 200  # files looked into per folder; the others count as "other"
+
+
+def _is_safetensors(head: bytes, size: int) -> bool:
+    """A safetensors file: 8 bytes of header length (little-endian), then the JSON header."""
+    return len(head) >= 10 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < size
+
+
+def _weight_map(path: Path) -> dict[str, str] | None:
+    """The ``weight_map`` (tensor name -> file) of an index of sharded weights; None for any other file."""
+    try:
+        if path.stat().st_size > _INDEX_LIMIT:
+            return None
+        index = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    found = index.get("weight_map") if isinstance(index, dict) else None
+    if isinstance(found, dict) and found and all(isinstance(k, str) and isinstance(v, str) for k, v in found.items()):
+        return found
+    return None
+
+
+def _zip_kind(names: list[str]) -> FileKind:
+    """What wrote a zip archive, from its entries (``<root folder>/<entry>``)."""
+    below = {n.split("/", 1)[1] for n in names if "/" in n}
+    if "archive_format" in below:  # the PT2 archive of torch.export.save and of AOTInductor's packager
+        return "aoti" if any(n.startswith("data/aotinductor/") for n in below) else "export"
+    if "constants.pkl" in below:  # torch.load's own test for a TorchScript archive
+        return "torchscript"
+    if "data.pkl" in below:
+        return "torch.save"
+    return "other"
+
+
+def file_kind(path: Path) -> FileKind:
+    """What wrote the file ``path``, read from its first bytes and, for a zip archive, its list of entries."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return "other"
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as z:
+                return _zip_kind(z.namelist())
+        except (zipfile.BadZipFile, OSError):
+            return "other"
+    if _LEGACY_MAGIC in head[:32]:
+        return "torch.save"
+    if _is_safetensors(head, size):
+        return "safetensors"
+    if path.suffix == ".json" and head.lstrip()[:1] == b"{" and _weight_map(path) is not None:
+        return "index"
+    return "other"
+
+
+@dataclass
+class FolderContents:
+    """The files of one folder, sorted by what wrote them (file names only, no paths)."""
+
+    torch_files: list[str] = field(default_factory=list)  # written by torch.save
+    dcp_shards: list[str] = field(default_factory=list)  # *.distcp: torch.distributed.checkpoint's shards
+    dcp_metadata: bool = False  # .metadata: written last by torch.distributed.checkpoint
+    config: bool = False  # config.json, as in a Hugging Face model folder
+    other_weights: list[str] = field(default_factory=list)  # safetensors, indexes, TorchScript, .pt2 archives
+    others: list[str] = field(default_factory=list)
+
+
+def folder_contents(folder: Path) -> FolderContents:
+    """What the files in ``folder`` are (not its subfolders)."""
+    contents = FolderContents()
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    for i, p in enumerate(files):
+        if p.name == ".metadata":
+            contents.dcp_metadata = True
+        elif p.suffix == ".distcp":
+            contents.dcp_shards.append(p.name)
+        elif p.name == "config.json":
+            contents.config = True
+        else:
+            kind = file_kind(p) if i < _SNIFF_LIMIT else "other"
+            (contents.torch_files if kind == "torch.save" else contents.others if kind == "other"
+             else contents.other_weights).append(p.name)
+    return contents
+
+
+def checkpoint_folders(folder: Path) -> list[tuple[str, str]]:
+    """The subfolders of ``folder`` that hold a checkpoint, each with a few words on what it holds."""
+    found = []
+    for sub in sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: p.name)[:_SNIFF_LIMIT]:
+        inside = folder_contents(sub)
+        if inside.dcp_metadata:
+            found.append((sub.name, "a torch.distributed.checkpoint"))
+        elif inside.dcp_shards:
+            found.append((sub.name, "a half-written torch.distributed.checkpoint"))
+        elif inside.torch_files:
+            found.append((sub.name, "torch.save files: " + _listed(inside.torch_files, 3)))
+        elif inside.other_weights:
+            found.append((sub.name, _listed(inside.other_weights, 3)))
+    return found
+
+
+class WeightFiles(NamedTuple):
+    """The files that hold a model's weights: one file, or the shards an index names."""
+
+    files: list[Path]  # in the order to read them
+    index_file: Path | None  # the index (*.index.json) that names them, if any
+    missing: list[str]  # files the index names that are not in its folder
+    weight_map: dict[str, str]  # tensor name -> file name, from the index ({} without one)
+
+
+def _indexed(index: Path, weight_map: dict[str, str]) -> WeightFiles:
+    names = sorted(set(weight_map.values()))
+    return WeightFiles([index.parent / n for n in names], index,
+                       [n for n in names if not (index.parent / n).is_file()], weight_map)
+
+
+def weight_files(path: Path) -> WeightFiles | None:
+    """The files that hold the weights at ``path``: a safetensors file, an index of sharded weights
+    (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``: its ``weight_map`` names the shard
+    files), or a folder that holds one of those or ``model.safetensors`` / ``pytorch_model.bin`` (Hugging
+    Face's layout), as transformers prefers them: safetensors first. None for anything else."""
+    if path.is_file():
+        kind = file_kind(path)
+        if kind == "safetensors":
+            return WeightFiles([path], None, [], {})
+        weight_map = _weight_map(path) if kind == "index" else None
+        return _indexed(path, weight_map) if weight_map else None
+    if not path.is_dir():
+        return None
+    indexes = [(p, m) for p in sorted(path.glob("*.index.json")) if (m := _weight_map(p))]
+    if indexes:
+        index, weight_map = min(indexes, key=lambda pm: (pm[0].name != "model.safetensors.index.json",
+                                                         not pm[0].name.endswith(".safetensors.index.json"),
+                                                         pm[0].name != "pytorch_model.bin.index.json"))
+        return _indexed(index, weight_map)
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if (path / single).is_file():
+            return WeightFiles([path / single], None, [], {})
+    safetensors = sorted(p for p in path.glob("*.safetensors") if p.is_file())
+    return WeightFiles(safetensors, None, [], {}) if len(safetensors) == 1 else None
 
 
 def _sniff(head: bytes, size: int) -> str | None:
@@ -68,7 +257,7 @@ def _sniff(head: bytes, size: int) -> str | None:
         return "an HDF5 file (Keras / TensorFlow weights?), not a PyTorch checkpoint"
     if head.startswith(b"GGUF"):
         return "a GGUF file (llama.cpp), not a PyTorch checkpoint"
-    if len(head) >= 10 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < size:
+    if _is_safetensors(head, size):
         return "a safetensors file; read it with safetensors.torch.load_file(path, device='cpu')"
     text = head.lstrip()
     if text.startswith(b"version https://git-lfs"):
@@ -85,7 +274,8 @@ def _sniff(head: bytes, size: int) -> str | None:
 
 
 
-_Problem = Literal["missing", "missing_folder", "folder", "empty", "not_checkpoint",
+_Problem = Literal["missing", "missing_folder", "folder", "folders", "dcp_folder", "dcp_partial", "hf_folder",
+                   "empty", "not_checkpoint", "index", "export", "aoti", "torchscript",
                    "saved_on_missing_device", "zip_truncated", "zip_damaged", "zip_foreign",
                    "pickle_truncated", "pickle_damaged", "legacy_truncated", "legacy_damaged",
                    "unsafe_global", "unsafe_instruction", "class_missing", "module_missing", "unknown"]
@@ -95,6 +285,8 @@ _Diagnosis = tuple[_Problem, dict[str, str]]
 _AGAIN = "as after an interrupted save, copy or download. Save or download it again."
 _LEGACY = ("in the legacy serialisation format (PyTorch < 1.6, or torch.save(..., "
            "_use_new_zipfile_serialization=False))")
+_HF_ADVICE = ("course_utils.checkpoints.read_state_dict(path) reads them into one state_dict, and "
+              "load_weights(model, path) loads them into a model.")
 _IF_TRUSTED = ("If you trust the file (you or someone you trust saved it), load_checkpoint(path, "
                "trusted=True), which is torch.load(path, weights_only=False), loads it and runs whatever "
                "code it contains")
@@ -104,9 +296,42 @@ MESSAGES: dict[_Problem, str] = {
     "missing_folder": "{name}: no such file; the folder {folder!r} does not exist either. Check the path: " + _RELATIVE,
     "folder": "{name} is a folder, not a checkpoint file.{inside} (A folder written by torch.distributed.checkpoint "
               "is read with torch.distributed.checkpoint.load.)",
+    "folders": "{name} is a folder, not a checkpoint file. It holds no checkpoint files itself, but folders that "
+               "do: {folders}. Pass a file from one of them.",
+    "dcp_folder":
+        "{name} is a checkpoint written by torch.distributed.checkpoint (DCP): a folder with a .metadata file and "
+        "{count} shard file(s), not one file. course_utils.sharded_checkpoints.load_sharded(state_dict, path) loads "
+        "it into a state_dict of the model it belongs to, in one process or several; "
+        "torch.distributed.checkpoint.format_utils.dcp_to_torch_save(path, 'checkpoint.pt') writes it as one file "
+        "that load_checkpoint reads.",
+    "dcp_partial":
+        "{name} is a half-written checkpoint: it holds {count} shard file(s) ({shards}) but no .metadata, which "
+        "torch.distributed.checkpoint writes last. The save was interrupted: do not load it; load the checkpoint "
+        "before it.",
+    "hf_folder":
+        "{name} is {what}, not a checkpoint file: the weights are in {where}.{missing} " + _HF_ADVICE,
     "empty": "{name} is empty (0 bytes): the save was interrupted or the copy or download failed. Save or "
              "download it again.",
     "not_checkpoint": "{name} is {what}.",
+    "index":
+        "{name} is the index of weights sharded over {count} file(s) ({shards}) in Hugging Face's layout, not a "
+        "checkpoint itself.{missing} " + _HF_ADVICE,
+    "export":
+        "{name} is a torch.export archive (.pt2, written by torch.export.save), not a torch.save checkpoint. "
+        "torch.export.load(path) reads it into an ExportedProgram: program.module() is the model, to call, and "
+        "program.state_dict holds its weights (load_weights(model, program.state_dict) loads them into a model "
+        "of your own). torch.export.load uses pickle, as its documentation warns: only for files you trust.",
+    "aoti":
+        "{name} is an AOTInductor package (.pt2, a model compiled ahead of time by "
+        "torch._inductor.aoti_compile_and_package), not a torch.save checkpoint. "
+        "torch._inductor.aoti_load_package(path) loads it as a model to call, on the kind of device it was "
+        "compiled for. It runs the machine code the file holds: only for files you trust.",
+    "torchscript":
+        "{name} is a TorchScript archive, written by torch.jit.save (or a scripted or traced model's .save), not "
+        "a torch.save checkpoint; the safe loader (weights_only=True) does not read TorchScript. "
+        "torch.jit.load(path, map_location='cpu') reads it into a model you call without its Python class "
+        "(calling it runs the TorchScript code the file holds), and load_weights(model, torch.jit.load(path)) "
+        "copies its weights into a model of your own.",
     "saved_on_missing_device":
         "{name} holds tensors saved on {saved}, which this machine does not have (it has {have}). Pass "
         "map_location to put them on a device you have: map_location='cpu', or course_utils.get_device().",
@@ -348,6 +573,8 @@ def _diagnose(path: Path, exc: Exception, trusted: bool) -> _Diagnosis:
         return "saved_on_missing_device", {"saved": saved, "have": ", ".join(available_devices())}
     with open(path, "rb") as f:
         zipped = f.read(2) == b"PK"
+    if zipped and file_kind(path) == "torchscript":
+        return "torchscript", {}
     found = _inspect_zip(path) if zipped else _inspect_legacy(path)
     if not isinstance(found, _Scan):
         return found
@@ -382,10 +609,11 @@ def _diagnose(path: Path, exc: Exception, trusted: bool) -> _Diagnosis:
     return "unknown", {"fmt": fmt, "said": f"{type(exc).__name__}: {first}"}
 
 
-def problem_before_loading(path: Path, name: str) -> str | None:
+def problem_before_loading(path: Path, name: str, *, trusted: bool = False) -> str | None:
     """Why ``path`` cannot be a checkpoint, found without loading it (None when it may be one).
 
-    ``name`` is the path as the caller wrote it: messages show that, not this machine's folders.
+    ``name`` is the path as the caller wrote it: messages show that, not this machine's folders. A
+    TorchScript archive is reported unless ``trusted`` (then ``torch.load`` hands it to ``torch.jit.load``).
     """
     found: _Diagnosis | None = None
     if not path.exists():
@@ -394,6 +622,15 @@ def problem_before_loading(path: Path, name: str) -> str | None:
         found = _folder(path)
     elif path.stat().st_size == 0:
         found = "empty", {}
+    elif (kind := file_kind(path)) in ("export", "aoti") or (kind == "torchscript" and not trusted):
+        found = kind, {}
+    elif kind == "index" and (weights := weight_files(path)) is not None:
+        shards = [f.name for f in weights.files]
+        one = len(weights.missing) == 1
+        missing = (f" {len(weights.missing)} of them {'is' if one else 'are'} not in its folder "
+                   f"({_listed(weights.missing, 3)}): download or copy {'it' if one else 'them'} there first."
+                   if weights.missing else "")
+        found = "index", {"count": str(len(shards)), "shards": _listed(shards, 3), "missing": missing}
     else:
         with open(path, "rb") as f:
             what = _sniff(f.read(64), path.stat().st_size)

@@ -12,9 +12,15 @@ from deep inside torch:
   (`course_utils.checkpoint_files`).
 - `strip_prefixes(state_dict)` removes the ``module.`` (DataParallel, DistributedDataParallel) and
   ``_orig_mod.`` (``torch.compile``) prefixes at the start of keys, never inside a key.
-- `load_weights(model, source)` finds the weights in a file or a loaded object (also inside the usual
-  training-checkpoint dicts), strips wrapper prefixes, maps the tensors to the model's device, and lists
-  missing, unexpected and wrong-shape keys readably when the checkpoint does not fit.
+- `find_state_dict(obj)` finds the model weights in what a file held: a state_dict, a whole model, or a
+  training-checkpoint dict of any trainer, by the names trainers use (``state_dict``, ``model``,
+  ``module``...) and by shape (a dict of names to tensors, up to two levels down; never an optimizer's state).
+- `read_state_dict(path)` reads the weights of a file or folder into one state_dict: a ``torch.save`` file,
+  a safetensors file, the index of weights sharded over several files (``model.safetensors.index.json``,
+  ``pytorch_model.bin.index.json``) with its shards, or a model folder in Hugging Face's layout.
+- `load_weights(model, source)` finds the weights in a file (any that `read_state_dict` reads) or a loaded
+  object, strips wrapper prefixes, maps the tensors to the model's device, and lists missing, unexpected and
+  wrong-shape keys readably when the checkpoint does not fit.
 - `load_optimizer_state(optimizer, source)` does the same for an optimizer, so training resumes on
   another device.
 - `move_optimizer_state(optimizer)` puts every state tensor where its parameter is (the loop notebook 06
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -33,7 +40,7 @@ from typing import Any, TypeGuard, Union
 import torch
 from torch import nn
 
-from .checkpoint_files import problem_after_failed_load, problem_before_loading
+from .checkpoint_files import WeightFiles, problem_after_failed_load, problem_before_loading, weight_files
 
 __all__ = [
     "CheckpointError",
@@ -43,6 +50,7 @@ __all__ = [
     "load_optimizer_state",
     "load_weights",
     "move_optimizer_state",
+    "read_state_dict",
     "strip_prefixes",
 ]
 
@@ -52,8 +60,12 @@ MapLocation = str | torch.device | dict[str, str] | Callable[..., Any] | None
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 """Added by nn.DataParallel / DistributedDataParallel (``module.``) and torch.compile (``_orig_mod.``)."""
 
-STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "net")
-"""Where training checkpoints usually keep the model's weights."""
+STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "network", "model_state",
+                   "params", "weights")
+"""Where training checkpoints keep the model's weights, in the order they are preferred: ``state_dict``
+(Lightning, timm, mmengine), ``model_state_dict`` (PyTorch's tutorials), ``model`` (torchvision's references,
+fairseq, torchtune), ``module`` (DeepSpeed), ``net``, ``network``, ``model_state``, ``params`` (BasicSR),
+``weights``. Other entries that hold weights (an EMA copy, a teacher model) are found by their shape."""
 
 OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optimizer_state", "optim", "opt")
 """Where training checkpoints usually keep the optimizer's state."""
@@ -111,7 +123,7 @@ def load_checkpoint(path: PathLike, map_location: MapLocation = "cpu", *, truste
     """
     name = os.fspath(path)  # as the caller wrote it: messages show 'data/x.pt', not a machine path
     p = Path(path)
-    problem = problem_before_loading(p, name)
+    problem = problem_before_loading(p, name, trusted=trusted)
     if problem is not None:
         raise CheckpointError(problem)
     _check_map_location(map_location, name)
@@ -168,23 +180,136 @@ def _is_state_dict(obj: Any) -> TypeGuard[Mapping[str, Any]]:
     return bool(tensors) and not others and all(isinstance(k, str) for k in obj)
 
 
-def find_state_dict(obj: Any, name: str = "the checkpoint") -> Mapping[str, Any]:
-    """The model weights in ``obj``: a state_dict itself, a whole model, or a training-checkpoint dict
-    with the weights under ``state_dict``, ``model_state_dict``, ``model`` or ``net``."""
+def _entry(path: tuple[Any, ...]) -> str:
+    return "checkpoint" + "".join(f"[{k!r}]" for k in path)
+
+
+def _candidates(obj: Mapping[Any, Any], path: tuple[Any, ...] = (), depth: int = 2
+                ) -> list[tuple[tuple[Any, ...], Any]]:
+    """The entries of ``obj`` (and of the dicts in it, ``depth`` levels down) that hold model weights: a
+    state_dict or a whole model. An optimizer's state and the entries named like one are left out."""
+    found: list[tuple[tuple[Any, ...], Any]] = []
+    for key, value in obj.items():
+        if key in OPTIMIZER_KEYS or _is_optimizer_state(value):
+            continue
+        if isinstance(value, nn.Module) or _is_state_dict(value):
+            found.append(((*path, key), value))
+        elif isinstance(value, Mapping) and depth > 1:
+            found += _candidates(value, (*path, key), depth - 1)
+    return found
+
+
+def _find_weights(obj: Any, name: str, path: str | None = None) -> tuple[Mapping[str, Any], str]:
+    """The weights in ``obj`` (see `find_state_dict`) and the entry they were taken from ('' for ``obj``);
+    ``path``: the file ``obj`` was loaded from, if it was."""
     if isinstance(obj, nn.Module):
-        return obj.state_dict()
+        return obj.state_dict(), ""
     if _is_state_dict(obj):
-        return obj
+        return obj, ""
     if isinstance(obj, Mapping):
-        for key in STATE_DICT_KEYS:
-            if key in obj and (isinstance(obj[key], nn.Module) or _is_state_dict(obj[key])):
-                return find_state_dict(obj[key], name)
-        keys = ", ".join(repr(k) for k in list(obj)[:12])
-        raise CheckpointError(f"{name}: no model weights found. It is a dict with the keys {keys}; none is a "
-                              f"state_dict (looked for {', '.join(STATE_DICT_KEYS)}). Pass the entry that "
-                              "holds the weights, e.g. load_weights(model, checkpoint['...']).")
+        if _is_optimizer_state(obj):
+            raise CheckpointError(f"{name} is an optimizer's state (the keys 'state' and 'param_groups'), not model "
+                                  "weights: load_optimizer_state(optimizer, ...) loads it into an optimizer.")
+        found = _candidates(obj)
+        known = sorted((c for c in found if c[0][-1] in STATE_DICT_KEYS),
+                       key=lambda c: (STATE_DICT_KEYS.index(c[0][-1]), len(c[0])))
+        if known and (len(known) == 1 or known[0][0][-1] != known[1][0][-1] or len(known[0][0]) < len(known[1][0])):
+            chosen = known[0]
+        elif len(found) == 1:
+            chosen = found[0]
+        elif found:
+            listed = ", ".join(f"{_entry(p)} ({len(_weights_of(v))} tensors)" for p, v in found[:6])
+            example = _entry(found[0][0])
+            if path is not None:
+                example = f"load_checkpoint({path!r})" + example.removeprefix("checkpoint")
+            raise CheckpointError(f"{name} holds several sets of model weights: {listed}. Choose one and pass it, "
+                                  f"e.g. load_weights(model, {example}).")
+        else:
+            keys = ", ".join(repr(k) for k in list(obj)[:12])
+            raise CheckpointError(f"{name}: no model weights found. It is a dict with the keys {keys}; none is a "
+                                  "state_dict (a dict of names to tensors) or a model, nor holds one (looked for "
+                                  "them up to two levels down). Pass the entry that holds the weights, e.g. "
+                                  "load_weights(model, checkpoint['...']).")
+        others = [p for p, _ in found if p != chosen[0]]
+        if others:
+            warnings.warn(f"{name}: took the model weights from {_entry(chosen[0])}; it also holds weights under "
+                          f"{', '.join(_entry(p) for p in others[:4])}: pass that entry instead to load those.",
+                          stacklevel=3)
+        return _weights_of(chosen[1]), _entry(chosen[0])
     raise CheckpointError(f"{name}: no model weights found in a {type(obj).__name__}; expected a state_dict "
                           "(a dict of names to tensors), a training-checkpoint dict or a model.")
+
+
+def _weights_of(found: Any) -> Mapping[str, Any]:
+    return found.state_dict() if isinstance(found, nn.Module) else found
+
+
+def find_state_dict(obj: Any, name: str = "the checkpoint") -> Mapping[str, Any]:
+    """The model weights in ``obj``: a state_dict itself, a whole model, or a training-checkpoint dict.
+
+    In a dict, the weights are looked for under the names of `STATE_DICT_KEYS` (``state_dict``, ``model``,
+    DeepSpeed's ``module``...) and by shape: an entry that is a dict of names to tensors, or a model, up to two
+    levels down. An optimizer's state is never taken. When a dict holds several sets of weights, the one under
+    the preferred name is taken with a warning that names the others; with no preferred name among them,
+    `CheckpointError` lists them so that you choose.
+    """
+    return _find_weights(obj, name)[0]
+
+
+def _read_weight_files(found: WeightFiles, name: str, device: str, trusted: bool) -> dict[str, Any]:
+    """One state_dict from the files that hold the weights (safetensors files, or torch.save shards)."""
+    from safetensors import SafetensorError, safe_open
+
+    if found.missing:
+        raise CheckpointError(f"{name}: its index {found.index_file} names {len(found.missing)} file(s) that are not in "
+                              f"its folder: {_listing(found.missing, 4)}. Download or copy them there, then read "
+                              "it again.")
+    weights: dict[str, Any] = {}
+    for file in found.files:
+        if file.suffix == ".safetensors":
+            try:
+                with safe_open(file, framework="pt", device=device) as f:
+                    part = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no Mapping)
+                    aliases = f.metadata() or {}
+            except SafetensorError as exc:
+                raise CheckpointError(f"{file} is not a valid safetensors file (safetensors says: {exc}): a damaged "
+                                      "or partly downloaded file. Download or save it again.") from None
+            # safetensors.torch.save_model keeps one of the names of a shared tensor and records the others
+            # in the metadata: {removed name: kept name}
+            part.update({k: part[v] for k, v in aliases.items() if v in part and k not in part})
+        else:
+            part = dict(find_state_dict(load_checkpoint(file, map_location=device, trusted=trusted), os.fspath(file)))
+        weights.update(part)
+    lost = [k for k in found.weight_map if k not in weights]
+    if lost:
+        raise CheckpointError(f"{name}: its index names {len(lost)} tensor(s) that its files do not hold: "
+                              f"{_listing(lost, 4)}. The files come from different saves: download them again.")
+    return weights
+
+
+def _device_for(map_location: MapLocation) -> str:
+    """Where tensors without a saved device (safetensors) go: the device map_location names, else the CPU."""
+    return str(torch.device(map_location)) if isinstance(map_location, str | torch.device) else "cpu"
+
+
+def read_state_dict(path: PathLike, map_location: MapLocation = "cpu", *, trusted: bool = False) -> dict[str, Any]:
+    """The model weights at ``path``, as one state_dict.
+
+    ``path`` is a ``torch.save`` file (read with `load_checkpoint`; the weights found with `find_state_dict`),
+    a safetensors file, the index of weights sharded over several files (``model.safetensors.index.json`` or
+    ``pytorch_model.bin.index.json``: every shard it names is read), or a folder that holds one of those (a
+    model folder in Hugging Face's layout: ``config.json`` with ``model.safetensors``, the shards and their
+    index, or ``pytorch_model.bin``). ``map_location`` and ``trusted`` are those of `load_checkpoint`;
+    safetensors files record no device, so their tensors go to the device ``map_location`` names, else to the
+    CPU. Raises `CheckpointError` for what cannot be read, e.g. shards that the index names and the folder
+    lacks.
+    """
+    name = os.fspath(path)
+    found = weight_files(Path(path))
+    if found is None:
+        return dict(find_state_dict(load_checkpoint(path, map_location, trusted=trusted), name))
+    _check_map_location(map_location, name)
+    return _read_weight_files(found, name, _device_for(map_location), trusted)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -220,13 +345,29 @@ def _prefix_hint(missing: list[str], unexpected: list[str]) -> str:
     return ""
 
 
+def _tied_copies(own: Mapping[str, Any], weights: Mapping[str, Any]) -> dict[str, str]:
+    """The model's keys that the checkpoint lacks because they name a tensor it holds under another name (a
+    tied weight, such as an output layer sharing the embedding matrix, which Hugging Face and safetensors
+    save once), each with that other name."""
+    names: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    for key, tensor in own.items():
+        if key in weights and isinstance(tensor, torch.Tensor) and tensor.numel() and tensor.device.type != "meta":
+            names.setdefault((tensor.data_ptr(), tensor.dtype.itemsize, tuple(tensor.shape)), key)
+    return {key: names[found] for key, tensor in own.items()
+            if key not in weights and isinstance(tensor, torch.Tensor) and tensor.numel()
+            and tensor.device.type != "meta"
+            and (found := (tensor.data_ptr(), tensor.dtype.itemsize, tuple(tensor.shape))) in names}
+
+
 def load_weights(model: nn.Module, source: Any, map_location: MapLocation = None, *, strict: bool = True,
                  trusted: bool = False) -> nn.Module:
     """Load weights into ``model`` and return it.
 
-    ``source`` is a path (read with `load_checkpoint`) or an object already loaded: a state_dict, a
-    training-checkpoint dict (weights under ``state_dict``, ``model_state_dict``, ``model`` or ``net``)
-    or a whole model. Wrapper prefixes (``module.``, ``_orig_mod.``) are removed; a wrapped ``model``
+    ``source`` is a path (any that `read_state_dict` reads: a ``torch.save`` file, a safetensors file, an
+    index of sharded weights, a Hugging Face model folder) or an object already loaded: a state_dict, a
+    training-checkpoint dict (the weights found as `find_state_dict` finds them) or a whole model.
+    Wrapper prefixes (``module.``, ``_orig_mod.``) are removed; a tied weight (one tensor under two names in
+    the model) saved under one name only is loaded under both; a wrapped ``model``
     is loaded through the module it wraps. With ``map_location=None`` the tensors go straight to the
     model's own device. When the weights do not fit, raises `CheckpointError` listing the missing,
     unexpected and wrong-shape keys (with ``strict=False`` only wrong shapes are errors).
@@ -235,23 +376,38 @@ def load_weights(model: nn.Module, source: Any, map_location: MapLocation = None
         raise TypeError(f"load_weights: the first argument must be the model (an nn.Module), got "
                         f"{type(model).__name__}. Build the model first, e.g. load_weights(FooNet(), path).")
     target = _unwrap(model)
+    entry = ""
+    weights: Mapping[str, Any]
     if isinstance(source, str | os.PathLike):
         name = os.fspath(source)
         where = _model_device(target) if map_location is None else map_location
-        source = load_checkpoint(source, map_location=where, trusted=trusted)
+        found = weight_files(Path(source))
+        if found is not None:
+            _check_map_location(where, name)
+            weights = _read_weight_files(found, name, _device_for(where), trusted)
+        else:
+            weights, entry = _find_weights(load_checkpoint(source, map_location=where, trusted=trusted), name,
+                                           name)
     else:
         name = "the checkpoint"
-    weights = find_state_dict(source, name)
+        weights, entry = _find_weights(source, name)
     own = target.state_dict()
     if set(weights) != set(own):
         weights = strip_prefixes(weights)
+    tied = _tied_copies(own, weights)
+    if tied:
+        filled = OrderedDict(weights)
+        filled.update((k, weights[kept]) for k, kept in tied.items())
+        if isinstance(metadata := getattr(weights, "_metadata", None), Mapping):
+            filled._metadata = metadata  # type: ignore[attr-defined]
+        weights = filled
     missing = [k for k in own if k not in weights]
     unexpected = [k for k in weights if k not in own]
     wrong = [f"{k}: checkpoint {tuple(weights[k].shape)}, model {tuple(own[k].shape)}"
              for k in own if k in weights and isinstance(weights[k], torch.Tensor)
              and isinstance(own[k], torch.Tensor) and weights[k].shape != own[k].shape]
     if wrong or (strict and (missing or unexpected)):
-        lines = [f"{name} does not fit {type(target).__name__}:"]
+        lines = [f"{name}{f' ({entry})' if entry else ''} does not fit {type(target).__name__}:"]
         if strict and missing:
             lines.append(f"  missing in the checkpoint ({len(missing)}): {_listing(missing)}")
         if strict and unexpected:

@@ -1,13 +1,17 @@
 """Notebook 08: checkpoints written by ``torch.distributed.checkpoint`` (DCP), one folder per checkpoint, with
 one file of shards per rank and a ``.metadata`` file that says where every tensor's pieces are.
 
-DCP writes ``.metadata`` last, after every rank's shards, so a folder without it is a save that did not
-finish. ``dcp.load`` then logs two tracebacks and raises a ``CheckpointException`` (a ``BaseException``)
-whose rank error is ``AssertionError: metadata is None; global metadata read failed ...``. These helpers say what is wrong instead, and never load such a folder:
+DCP writes ``.metadata`` last, after every rank's shards, so a folder with shards and without it is a save
+that did not finish. ``dcp.load`` then logs two tracebacks and raises a ``CheckpointException`` (a
+``BaseException``) whose rank error is ``AssertionError: metadata is None; global metadata read failed ...``.
+A folder of ``torch.save`` files (as pytorch/examples' FSDP2 example writes full state dicts, into
+``checkpoints/dcp_api/<time>/``) gets the same error, and was never a DCP checkpoint. These helpers say what
+is wrong instead, and never load such a folder:
 
-- `check_sharded_checkpoint(path)`: the folder exists, is not empty, has its ``.metadata``, and every shard
-  file the metadata names is there and long enough; else `CheckpointError` naming the folder and what is
-  missing.
+- `check_sharded_checkpoint(path)`: the folder exists, is not empty, is a DCP checkpoint (not ``torch.save``
+  files, a Hugging Face model folder, or a folder of checkpoint folders: each is named, with how to load it),
+  has its ``.metadata``, and every shard file the metadata names is there and long enough; else
+  `CheckpointError` naming the folder and what is missing.
 - `save_sharded(state_dict, path)`: ``dcp.save`` into ``<path>.partial``, then (rank 0, after every rank has
   written) a rename to ``path``: an interrupted save leaves only the ``.partial`` folder, never a ``path`` that
   looks complete.
@@ -25,15 +29,42 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from .checkpoint_files import MESSAGES, checkpoint_folders, folder_contents, problem_before_loading
 from .checkpoints import CheckpointError
 
 __all__ = ["check_divisible", "check_sharded_checkpoint", "load_sharded", "save_sharded"]
 
 PARTIAL = ".partial"
 
+_NOT_DCP = ("{folder} is not a torch.distributed.checkpoint (DCP) checkpoint: it has no .metadata and no .distcp "
+            "shard files.")
+_TORCH_FILES = (
+    " It holds {count} file(s) written by torch.save: {files}. torch.load reads each whole: "
+    "course_utils.checkpoints.load_checkpoint(path) reads one safely onto the CPU; load_weights(model, path) loads "
+    "model weights into a model, load_optimizer_state(optimizer, path) an optimizer's state into its optimizer. "
+    "Into an FSDP2 model, on every rank, full state dicts go with set_model_state_dict(model, state_dict, "
+    "options=StateDictOptions(full_state_dict=True)) and, for an optimizer state keyed by parameter names (as "
+    "get_optimizer_state_dict writes it), set_optimizer_state_dict(model, optimizer, state, "
+    "options=StateDictOptions(full_state_dict=True)), both from torch.distributed.checkpoint.state_dict.")
 
-def _shard_files(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.suffix == ".distcp")
+
+def _listed(names: list[str], limit: int = 4) -> str:
+    return ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
+
+
+def _not_dcp(folder: Path, torch_files: list[str]) -> str:
+    """What a folder without DCP's files holds instead, and how to load it."""
+    said = _NOT_DCP.format(folder=folder)
+    if torch_files:
+        return said + _TORCH_FILES.format(count=len(torch_files), files=_listed(torch_files))
+    folders = checkpoint_folders(folder)
+    if folders:
+        listed = "; ".join(f"{name} ({what})" for name, what in folders[:4]) + ("; ..." if len(folders) > 4 else "")
+        return said + f" It holds folders that do hold checkpoints: {listed}. Pass one of them."
+    other = problem_before_loading(folder, str(folder)) or ""
+    if " is a folder, not a checkpoint file." not in other:  # a folder load_checkpoint has more to say about
+        return said + " " + other
+    return said + f" It holds {_listed(sorted(p.name for p in folder.iterdir()), 6)}."
 
 
 def check_sharded_checkpoint(path: str | os.PathLike[str]) -> Path:
@@ -49,13 +80,12 @@ def check_sharded_checkpoint(path: str | os.PathLike[str]) -> Path:
     names = sorted(p.name for p in folder.iterdir())
     if not names:
         raise CheckpointError(f"{folder} is empty: nothing was saved into it.")
-    shards = _shard_files(folder)
-    if ".metadata" not in names:
-        raise CheckpointError(
-            f"{folder} is a half-written checkpoint: it holds {len(shards)} shard file(s) "
-            f"({', '.join(shards[:4])}{' ...' if len(shards) > 4 else ''}) but no .metadata, which "
-            "torch.distributed.checkpoint writes last. The save was interrupted: do not load it; load the "
-            "checkpoint before it.")
+    contents = folder_contents(folder)
+    if not contents.dcp_metadata:
+        if not contents.dcp_shards:
+            raise CheckpointError(_not_dcp(folder, contents.torch_files))
+        raise CheckpointError(MESSAGES["dcp_partial"].format(name=folder, count=len(contents.dcp_shards),
+                                                             shards=_listed(contents.dcp_shards)))
     try:
         metadata = dcp.FileSystemReader(str(folder)).read_metadata()
     except Exception as exc:  # a damaged .metadata: any failure to read it is reported the same way
