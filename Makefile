@@ -108,11 +108,12 @@ gpu-check:
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check needs a CUDA GPU: none is visible')"
 	$(PY) -m pytest --nbval-lax -v --durations=0 $(PYTEST_ARGS)
 
+GPU_CELLS ?=
 ## on a GPU host: as gpu-check, and every %%gpu cell that runs rewrites its recording
-## (NB=notebooks/01_cpu_vs_gpu.ipynb for one notebook)
+## (NB=notebooks/01_cpu_vs_gpu.ipynb for one notebook; GPU_CELLS=07-profile,07-compile for only those cells)
 record:
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make record needs a CUDA GPU: none is visible')"
-	COURSE_RECORD=1 TQDM_DISABLE=1 $(PY) -m pytest --nbval-lax -v $(PYTEST_ARGS) $(NB)
+	COURSE_RECORD=1 COURSE_GPU_CELLS=$(GPU_CELLS) TQDM_DISABLE=1 $(PY) -m pytest --nbval-lax -v $(PYTEST_ARGS) $(NB)
 
 ## remove .venv, build/ and the egg-info
 clean:

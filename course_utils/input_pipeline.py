@@ -1,4 +1,8 @@
-"""Notebook 07: a data set whose items cost real CPU work, for measuring an input pipeline.
+"""Notebook 07: data sets for measuring an input pipeline.
+
+`SlowReads` stands for files on slow storage: each item costs time spent waiting, not computing, so
+worker processes overlap the waits even on a machine with few cores.
+
 
 `DecodedImages` stands for a folder of JPEGs: each item is "decoded" (an image drawn from the item's
 seed), then augmented (a random crop resized back, a flip) and normalised, all on the CPU, as a
@@ -9,11 +13,13 @@ defined in a notebook cell cannot be found by them.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-__all__ = ["DecodedImages"]
+__all__ = ["DecodedImages", "SlowReads"]
 
 
 class DecodedImages(Dataset[tuple[torch.Tensor, int]]):
@@ -48,3 +54,23 @@ class DecodedImages(Dataset[tuple[torch.Tensor, int]]):
         image = image[..., 8:8 + self.size, 8:8 + self.size].squeeze(0)
         image = (image - image.mean()) / (image.std() + 1e-5)
         return image, i % self.classes
+
+
+class SlowReads(Dataset[tuple[torch.Tensor, int]]):
+    """``n`` small items ``(features, label)``, each taking ``read_ms`` milliseconds to "read": the process
+    sleeps, as it would while waiting for a disk or a network, and uses no CPU meanwhile."""
+
+    def __init__(self, n: int = 512, read_ms: float = 2.0, features: int = 8) -> None:
+        if n < 1 or features < 1 or read_ms < 0:
+            raise ValueError(f"SlowReads: n and features must be at least 1 and read_ms at least 0, got n={n}, "
+                             f"read_ms={read_ms}, features={features}")
+        self.n, self.read_ms, self.features = n, read_ms, features
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= i < self.n:
+            raise IndexError(f"item {i} of a data set of {self.n}")
+        time.sleep(self.read_ms / 1e3)
+        return torch.full((self.features,), float(i)), i % 10

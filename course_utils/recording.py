@@ -17,6 +17,8 @@ In a notebook (after ``%load_ext course_utils``)::
   A missing or unreadable recording shows a note saying so; it never raises.
 - With ``COURSE_RECORD=1`` in the environment (``make record`` on a GPU host), a cell that runs for
   real also writes its outputs to its recording file. ``COURSE_RECORDINGS_DIR`` moves that folder.
+- With ``COURSE_GPU_CELLS=name,name,...`` set, only the ``%%gpu`` cells named there run on a GPU host; the
+  others show their recordings (``make record GPU_CELLS=...`` re-records a few cells of a notebook).
 
 Rule for notebook authors: a ``%%gpu`` cell is a leaf. Later cells must not use names it defines,
 because on a CPU-only machine its code does not run.
@@ -62,6 +64,7 @@ __all__ = [
 
 RECORD_ENV = "COURSE_RECORD"
 DIR_ENV = "COURSE_RECORDINGS_DIR"
+ONLY_ENV = "COURSE_GPU_CELLS"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,80}$")
 _FILENAME = "<gpu cell>"
 _WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -191,7 +194,16 @@ def _have_gpus() -> int:
     return cuda_device_count()
 
 
-def _why_not_here(gpus: int, have: int) -> str:
+def _only_these() -> set[str] | None:
+    """The names in ``$COURSE_GPU_CELLS`` (the only ``%%gpu`` cells that run), or None when it is unset."""
+    names = os.environ.get(ONLY_ENV, "").strip()
+    return {n.strip() for n in names.split(",") if n.strip()} if names else None
+
+
+def _why_not_here(gpus: int, have: int, name: str = "") -> str:
+    only = _only_these()
+    if only is not None and name not in only and have >= gpus:
+        return f"{ONLY_ENV} leaves this cell out"
     if gpus == 1:
         return "this machine has no CUDA GPU"
     return f"this cell needs {gpus} CUDA GPUs and this machine has {have or 'none'}"
@@ -225,7 +237,7 @@ def show_recording(name: str, gpus: int = 1, shows: str = "") -> None:
     """Display a recording with its label, or a note when it is missing or unreadable. Never raises."""
     from IPython.display import publish_display_data
 
-    why = _why_not_here(gpus, _have_gpus())
+    why = _why_not_here(gpus, _have_gpus(), name)
     try:
         rec = load_recording(name)
     except (RecordingError, ValueError):
@@ -339,7 +351,8 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
     _check_name(name)
     if gpus < 1:
         raise ValueError(f"%%gpu {name}: --gpus must be at least 1, got {gpus}")
-    if _have_gpus() < gpus:
+    only = _only_these()
+    if _have_gpus() < gpus or (only is not None and name not in only):
         show_recording(name, gpus, shows)
         return
     plt = sys.modules.get("matplotlib.pyplot")

@@ -48,7 +48,7 @@ CURRICULUM: tuple[Lesson, ...] = (
            "`mmap=True`; safetensors"),
     Lesson("07_performance_toolbox", "The performance toolbox",
            "profiling a step (trace and timeline); mixed precision and GradScaler; `torch.compile`; CUDA graphs; "
-           "memory snapshots and fragmentation; the input pipeline; the speed ladder"),
+           "memory snapshots and fragmentation; the input pipeline; the speed ladder and MFU"),
     Lesson("08_fully_sharded_data_parallel", "When the model does not fit: FSDP2",
            "memory anatomy of a training step; activation checkpointing; FSDP2 `fully_shard` on gloo and NCCL; "
            "ZeRO stages measured; distributed checkpoints saved on N ranks, loaded on M"),

@@ -1,250 +1,315 @@
-"""Checkers for notebook 07 (the performance toolbox). They run on the CPU, so every student gets feedback."""
+"""Checkers for notebook 07 (the performance toolbox). They run on the CPU, so every student gets feedback.
+
+1. `check_profile_reading`: what a shipped GPU trace (`MYSTERY_TRACE`) says, read with the tools of
+   section 1.
+2. `check_recompile_fix`: `smoothed_loss` recompiles for every new smoothing value; a version that does not.
+3. `check_graphed_step`: a training step captured in a CUDA graph and replayed, against eager steps (on a
+   GPU for real; on the CPU through `course_utils.graph_standin`).
+4. `check_loader_options`: ``DataLoader`` options that keep a training loop fed from `SlowReads` within a
+   time and memory budget.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
+from torch.utils.data import DataLoader
 
+from ..compiling import recompile_messages
+from ..graph_standin import cpu_cuda_graphs
+from ..input_pipeline import SlowReads
+from ..traces import CPU_ROW, GPU_ROW, STEP_ROW, Span, busy_fraction, host_waits, idle_gaps, read_trace
 from . import Verdict, fail, ok
 
-__all__ = ["check_graph_break_fix", "check_grad_scaler_step", "check_no_sync_loop", "normalize_then_tanh"]
+__all__ = ["BOTTLENECKS", "MYSTERY_TRACE", "LoaderBudget", "check_graphed_step", "check_loader_options",
+           "check_profile_reading", "check_recompile_fix", "smoothed_loss"]
 
 
-# --- 1. a graph break -----------------------------------------------------------------------------------
+# --- 1. reading a profile ---------------------------------------------------------------------------------
 
-def normalize_then_tanh(x: torch.Tensor) -> torch.Tensor:
-    """The exercise's function: if any entry is larger than 1 in size, divide by the largest size first."""
-    if x.abs().max() > 1:  # a Python `if` on a tensor's value: torch.compile must break the graph here
-        x = x / x.abs().max()
-    return torch.tanh(x) * 2
+MYSTERY_TRACE = Path(__file__).parents[1] / "data" / "mystery_steps.json.gz"
+"""Three training steps profiled on an H200 (tools/make_traces.py), gzipped as tensorboard_trace_handler writes."""
+BOTTLENECKS = ("GPU-bound", "launch-bound", "host reads", "input pipeline")
 
 
-def _explain(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> Any:
+def _idle_time_by_span(spans: list[Span]) -> dict[str, float]:
+    """For each name on the CPU and step rows (``ProfilerStep#`` markers left out), the µs of GPU idle gaps
+    that its spans cover: what the host was doing while the GPU had nothing to do."""
+    gaps = idle_gaps(spans, GPU_ROW)
+    covered: dict[str, float] = {}
+    for s in spans:
+        if s.row in (CPU_ROW, STEP_ROW) and not s.name.startswith("ProfilerStep#"):
+            overlap = sum(max(0.0, min(s.end_us, g0 + glen) - max(s.start_us, g0)) for g0, glen in gaps)
+            if overlap > 0:
+                covered[s.name] = covered.get(s.name, 0.0) + overlap
+    return covered
+
+
+def _truth(path: Path) -> dict[str, Any]:
+    spans = read_trace(path)
+    steps = sum(1 for s in spans if s.row == STEP_ROW and s.name.startswith("ProfilerStep#"))
+    covered = _idle_time_by_span(spans)
+    return {"gpu_busy": busy_fraction(spans, GPU_ROW), "host_waits_per_step": len(host_waits(path)) / max(steps, 1),
+            "culprit": max(covered, key=covered.__getitem__) if covered else ""}
+
+
+def _bottleneck(truth: Mapping[str, Any]) -> str:
+    """The bottleneck of a trace, from what its GPU idles during (the rules the notebook's text gives)."""
+    if truth["gpu_busy"] >= 0.9:
+        return "GPU-bound"
+    if "DataLoader" in truth["culprit"]:
+        return "input pipeline"
+    if truth["host_waits_per_step"] >= 2:
+        return "host reads"
+    return "launch-bound"
+
+
+def check_profile_reading(answers: Mapping[str, Any], path: str | Path = MYSTERY_TRACE) -> Verdict:
+    """Exercise: ``answers`` says what the trace at ``path`` shows: ``gpu_busy`` (the GPU's busy fraction,
+    within 0.02), ``host_waits_per_step``, ``culprit`` (the span that covers most of the GPU's idle time)
+    and ``bottleneck`` (one of `BOTTLENECKS`)."""
+    keys = ("gpu_busy", "host_waits_per_step", "culprit", "bottleneck")
+    if not isinstance(answers, Mapping) or any(k not in answers for k in keys):
+        return fail(f"expected a dict with the keys {', '.join(keys)}.")
+    missing = [k for k in keys if answers[k] is None]
+    if missing:
+        return fail(f"{', '.join(missing)} still None.", "read the trace with read_trace(MYSTERY_TRACE) and use the "
+                    "functions of section 1 on it.")
+    truth = _truth(Path(path))
+    busy = answers["gpu_busy"]
+    if not isinstance(busy, (int, float)) or not 0 <= busy <= 1:
+        return fail(f"gpu_busy should be a fraction between 0 and 1, got {busy!r}.")
+    if abs(busy - truth["gpu_busy"]) > 0.02:
+        return fail(f"gpu_busy = {busy:.2f} is not what the trace's GPU row shows.",
+                    "the busy fraction of the GPU row: the time something ran on it over the time from its first "
+                    "span to its last (busy_fraction).")
+    waits = answers["host_waits_per_step"]
+    if not isinstance(waits, (int, float)) or not math.isclose(waits, truth["host_waits_per_step"], abs_tol=0.01):
+        return fail(f"host_waits_per_step = {waits!r} is not what the trace shows.",
+                    "count the host's waits for the GPU (host_waits), each once, and divide by the number of "
+                    "profiler steps (the ProfilerStep# spans).")
+    if answers["culprit"] != truth["culprit"]:
+        return fail(f"{answers['culprit']!r} is not the span that covers most of the GPU's idle time.",
+                    "take the GPU row's idle gaps (idle_gaps) and add up, per name, how much of them each span of "
+                    "the CPU and step rows covers.")
+    if answers["bottleneck"] not in BOTTLENECKS:
+        return fail(f"bottleneck must be one of {', '.join(BOTTLENECKS)}; got {answers['bottleneck']!r}.")
+    if answers["bottleneck"] != _bottleneck(truth):
+        return fail(f"{answers['bottleneck']!r} does not fit what you measured.",
+                    "a GPU that is mostly idle is not GPU-bound; then ask what the host was doing while it idled: "
+                    "your culprit names it.")
+    return ok("busy fraction, host waits, the span behind the idle GPU and the bottleneck all match the trace.")
+
+
+# --- 2. a recompilation -----------------------------------------------------------------------------------
+
+def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """The exercise's loss: cross-entropy with label smoothing, whose strength a schedule lowers every step."""
+    return F.cross_entropy(logits, target, label_smoothing=smoothing)
+
+
+_SCHEDULE = [0.2 * (1 - i / 10) for i in range(10)]
+
+
+def _loss_inputs() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    g = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(16, 10, generator=g), torch.randint(0, 10, (16,), generator=g)
+    return [(logits, target, s) for s in _SCHEDULE]
+
+
+def _graphs_and_values(fn: Callable[..., torch.Tensor]) -> tuple[int, bool, list[torch.Tensor]]:
+    """How many times ``fn`` is recompiled over the smoothing schedule (backend "eager": no compiler needed),
+    whether that hit the recompile limit, and its values."""
     torch._dynamo.reset()
-    return torch._dynamo.explain(fn)(x)
+    compiled = torch.compile(fn, backend="eager")
+    with recompile_messages() as messages:
+        values = [compiled(*args) for args in _loss_inputs()]
+    torch._dynamo.reset()
+    recompiles = sum(m.startswith("Recompiling function") for m in messages)
+    return recompiles, any("recompile_limit" in m for m in messages), values
 
 
-def check_graph_break_fix(fn: Callable[[torch.Tensor], torch.Tensor]) -> Verdict:
-    """Exercise: ``fn`` computes what `normalize_then_tanh` computes, for every input, with no graph break."""
+def check_recompile_fix(fn: Callable[..., torch.Tensor]) -> Verdict:
+    """Exercise: ``fn(logits, target, smoothing)`` computes `smoothed_loss` for every smoothing value of the
+    schedule, and ``torch.compile`` recompiles it at most once (automatic dynamic shapes allow one)."""
     if not callable(fn):
-        return fail(f"expected your function, got {type(fn).__name__}.", "pass the function itself: "
-                    "check_graph_break_fix(normalize_then_tanh_fixed)")
-    g = torch.Generator().manual_seed(7)
-    cases = {"entries below 1": torch.rand(64, generator=g) * 0.9 - 0.45,
-             "entries up to 5": torch.randn(64, generator=g) * 2.5}
-    for what, x in cases.items():
-        try:
-            got = fn(x.clone())
-        except Exception as exc:  # the student's code: report any failure as feedback
-            return fail(f"your function raised {type(exc).__name__}: {exc}", "run it on torch.randn(8) first.")
-        want = normalize_then_tanh(x.clone())
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-            return fail(f"for {what}, your function returned {type(got).__name__} "
-                        f"{tuple(got.shape) if isinstance(got, torch.Tensor) else ''}; expected a tensor of "
-                        f"shape {tuple(want.shape)}.")
-        if not torch.allclose(got, want, atol=1e-6):
-            return fail(f"for {what}, your result differs from normalize_then_tanh's (largest difference "
-                        f"{(got - want).abs().max().item():.3g}).",
-                        "compute both branches and pick with torch.where(condition, divided, x): "
-                        "condition is a tensor, so no Python `if` is needed.")
-    for what, x in cases.items():
-        explanation = _explain(fn, x)
-        if explanation.graph_break_count:
-            reasons = "; ".join(str(b.reason).splitlines()[0] for b in explanation.break_reasons)
-            return fail(f"for {what}, torch.compile still breaks the graph {explanation.graph_break_count} "
-                        f"time(s): {reasons}", "a Python `if` (or print, .item(), .tolist()) on a tensor's "
-                        "value needs the value on the host; keep the decision inside tensor operations.")
-    return ok("same results as the original on both kinds of input, captured as one graph with no break.")
+        return fail(f"expected your function, got {type(fn).__name__}.")
+    try:
+        recompiles, hit_limit, got = _graphs_and_values(fn)
+    except Exception as exc:  # the student's code: report any failure as feedback
+        return fail(f"your function raised {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    want = [smoothed_loss(*args) for args in _loss_inputs()]
+    if not all(isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+               for a, b in zip(got, want, strict=True)):
+        return fail("your values differ from smoothed_loss's for some smoothing values.",
+                    "label smoothing mixes the usual cross-entropy with the cross-entropy against a uniform "
+                    "target; the docs of F.cross_entropy give the formula.")
+    if recompiles > 1:
+        limit = (f", then hit its recompile limit ({torch._dynamo.config.recompile_limit}) and ran the remaining "
+                 "steps without compiling" if hit_limit else "")
+        return fail(f"torch.compile recompiled your function {recompiles} times over {len(_SCHEDULE)} steps{limit}.",
+                    "read the guard in the recompilation message: which value does it check? A Python number "
+                    "that an operator needs as a constant is baked into the graph.")
+    return ok(f"the same values for all {len(_SCHEDULE)} smoothing values, and no recompilation per value (at "
+              "most one, when torch.compile makes a number symbolic).")
 
 
-# --- 2. an fp16 step with a GradScaler ----------------------------------------------------------------
+# --- 3. a training step in a CUDA graph --------------------------------------------------------------------
 
-def _underflow_setup() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """A model that already fits its targets well: fp16 gradients of its mean loss underflow unscaled."""
+def _graph_training(device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The exercise's model and optimizer: momentum keeps state that is made lazily at the first step."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
-    x = torch.randn(8192, 64)
-    with torch.no_grad():
-        y = model(x) + 0.01 * torch.randn(8192, 64)
-    return model, x, y
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 5)).to(device)
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
-def _reference_step(model: nn.Module, opt: torch.optim.Optimizer, scaler: Any, x: torch.Tensor,
-                    y: torch.Tensor, variant: str = "right") -> None:
-    with torch.autocast(x.device.type, dtype=torch.float16, enabled=variant != "fp32"):
-        loss = F.mse_loss(model(x), y)
-    if variant in ("right", "fp32"):
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-    elif variant == "unscaled":
-        loss.backward()
-        opt.step()
-    elif variant == "scaled, plain step":
-        scaler.scale(loss).backward()
-        opt.step()
+def _eager_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
 
 
-def _weights_after(step: Callable[..., Any], variant: str | None = None, bad_input: bool = False
-                   ) -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
-    model, x, y = _underflow_setup()
-    if bad_input:
-        x = x.clone()
-        x[0, 0] = float("inf")
-    before = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.SGD(model.parameters(), lr=10.0)
-    scaler = torch.amp.GradScaler(x.device.type, init_scale=2.0**16)
-    if variant is None:
-        step(model, opt, scaler, x, y)
-    else:
-        _reference_step(model, opt, scaler, x, y, variant)
-    return before, [p.detach().clone() for p in model.parameters()], float(scaler.get_scale())
-
-
-def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return all(torch.allclose(p, q, rtol=1e-4, atol=1e-7) for p, q in zip(a, b, strict=True))
-
-
-def check_grad_scaler_step(step: Callable[..., Any]) -> Verdict:
-    """Exercise: ``step(model, opt, scaler, x, y)`` does one fp16 mixed-precision training step of
-    ``F.mse_loss(model(x), y)`` with the GradScaler ``scaler``."""
-    if not callable(step):
-        return fail(f"expected your step function, got {type(step).__name__}.")
-    try:
-        before, got, scale = _weights_after(step)
-        _, got_bad, scale_bad = _weights_after(step, bad_input=True)
-    except Exception as exc:  # the student's code: report any failure as feedback
-        if "No inf checks were recorded" in str(exc):
-            return fail(f"scaler.update() raised {type(exc).__name__}: {exc}",
-                        "update() looks for the inf check that scaler.step(opt) makes: step with the scaler, "
-                        "not with opt.step().")
-        return fail(f"your step raised {type(exc).__name__}: {exc}",
-                    "the order is scaler.scale(loss).backward(), scaler.step(opt), scaler.update().")
-    _, want, _ = _weights_after(None, "right")  # type: ignore[arg-type]
-    if _same(got, before):
-        return fail("after your step the weights have not changed.",
-                    "scaler.step(opt) runs the optimizer (it skips only when a gradient is inf or NaN).")
-    if not _same(got, want):
-        for variant, message, hint in [
-            ("unscaled", "your update equals a step whose fp16 gradients were not scaled: most of them "
-             "underflowed to zero.", "backpropagate scaler.scale(loss), not loss."),
-            ("scaled, plain step", "your update used the scaled gradients as they are (65536 times too large).",
-             "step with scaler.step(opt): it unscales the gradients first (and skips the step on inf)."),
-            ("fp32", "your step ran in float32, not in float16.",
-             "run the forward pass and the loss inside torch.autocast(x.device.type, dtype=torch.float16)."),
-        ]:
-            if _same(got, _weights_after(None, variant)[1]):  # type: ignore[arg-type]
-                return fail(message, hint)
-        return fail("your update differs from a correct fp16 GradScaler step.",
-                    "autocast(float16) around forward and loss; scaler.scale(loss).backward(); "
-                    "scaler.step(opt); scaler.update().")
-    if not all(torch.equal(p, q) for p, q in zip(got_bad, before, strict=True)):
-        return fail("with an inf in the input your step still changed the weights.",
-                    "call scaler.step(opt) instead of opt.step(): it skips the step when gradients hold inf/NaN.")
-    if not math.isclose(scale_bad, 2.0**15):
-        return fail(f"after the step with inf gradients the scale is {scale_bad:g}; it should have halved "
-                    "to 32768.", "call scaler.update() after scaler.step(opt): it lowers the scale after an "
-                    "overflow and raises it after a run of good steps.")
-    if not math.isclose(scale, 2.0**16):
-        return fail(f"after a good step the scale is {scale:g}, expected 65536 unchanged.")
-    return ok("the update matches a correct fp16 step, and a step with inf gradients is skipped and halves "
-              "the scale.")
-
-
-# --- 3. a training loop without host syncs ----------------------------------------------------------------
-
-_READS = {"item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__"}
-
-
-class _HostReads(TorchFunctionMode):
-    """Notes each read of a tensor's value by the host (``.item()``, ``float()``, ``.cpu()``, ``if t:``...)
-    with the number of optimizer steps done when it happened."""
-
-    def __init__(self, steps: list[int], inside_step: list[bool]) -> None:
-        super().__init__()
-        self.steps, self.inside_step = steps, inside_step
-        self.reads: list[tuple[str, int]] = []
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = getattr(func, "__name__", "")
-        to_cpu = name == "to" and any(str(a) == "cpu" for a in [*args[1:], *(kwargs or {}).values()])
-        if (name in _READS or to_cpu) and not self.inside_step[0]:
-            self.reads.append((name, self.steps[0]))
-        return func(*args, **(kwargs or {}))
-
-
-def _loop_setup(n: int = 8) -> tuple[nn.Module, torch.optim.Optimizer, list[tuple[torch.Tensor, torch.Tensor]]]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+def check_graphed_step(graphed_step: Callable[..., Any], device: str | None = None) -> Verdict:
+    """Exercise: ``graphed_step(model, opt, static_x, static_y)`` warms up (three steps on the static batch),
+    captures one training step (cross-entropy, backward, ``opt.step()``) in a CUDA graph and returns
+    ``replay(x, y)``, which runs that step on a new batch and returns its loss tensor. Checked against eager
+    steps on a GPU when there is one, else on the CPU with `cpu_cuda_graphs`."""
+    if not callable(graphed_step):
+        return fail(f"expected your function, got {type(graphed_step).__name__}.")
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(32, 16, generator=g), torch.randn(32, 1, generator=g)) for _ in range(n)]
-    return model, torch.optim.SGD(model.parameters(), lr=0.05), batches
+    batches = [(torch.randn(16, 32, generator=g).to(dev), torch.randint(0, 5, (16,), generator=g).to(dev))
+               for _ in range(6)]
+    def eager(batches_seen: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[nn.Module, torch.Tensor]:
+        model, opt = _graph_training(dev)
+        for x, y in [batches[0]] * 3 + batches_seen:  # three warm-up steps on the static batch, then the batches
+            loss = _eager_step(model, opt, x, y)
+        return model, loss
 
-
-def _reference_losses() -> list[float]:
-    model, opt, batches = _loop_setup()
-    out = []
-    for x, y in batches:
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        out.append(loss.item())
-    return out
-
-
-def check_no_sync_loop(train_epoch: Callable[..., Any]) -> Verdict:
-    """Exercise: ``train_epoch(model, opt, batches)`` trains on each ``(x, y)`` with ``F.mse_loss`` and
-    returns the per-step losses as Python floats, without reading any value back to the host before
-    the last step has been queued."""
-    if not callable(train_epoch):
-        return fail(f"expected your function, got {type(train_epoch).__name__}.")
-    model, opt, batches = _loop_setup()
-    steps, inside = [0], [False]
-
-    def pre(*_: Any) -> None:
-        inside[0] = True
-
-    def post(*_: Any) -> None:
-        inside[0] = False
-        steps[0] += 1
-
-    opt.register_step_pre_hook(pre)
-    opt.register_step_post_hook(post)
-    mode = _HostReads(steps, inside)
+    model, opt = _graph_training(dev)
+    replays = [0]
     try:
-        with mode:
-            losses = train_epoch(model, opt, batches)
+        with cpu_cuda_graphs() if dev == "cpu" else nullcontext(), _counting_replays(replays):
+            replay = graphed_step(model, opt, batches[0][0].clone(), batches[0][1].clone())
+            if not callable(replay):
+                return fail(f"graphed_step should return the replay function, got {type(replay).__name__}.")
+            losses = [replay(x, y) for x, y in batches]
     except Exception as exc:  # the student's code: report any failure as feedback
-        return fail(f"your function raised {type(exc).__name__}: {exc}")
-    want = _reference_losses()
-    if steps[0] != len(batches):
-        return fail(f"the optimizer stepped {steps[0]} times for {len(batches)} batches.", "one opt.step() per batch.")
-    if not isinstance(losses, list | tuple) or len(losses) != len(want):
-        return fail(f"expected a list of {len(want)} losses, got {type(losses).__name__}"
-                    f"{f' of length {len(losses)}' if hasattr(losses, '__len__') else ''}.")
-    if not all(isinstance(v, float) for v in losses):
-        kinds = sorted({type(v).__name__ for v in losses})
-        return fail(f"the losses should be Python floats, got {', '.join(kinds)}.",
-                    "convert once, after the loop: torch.stack(losses).tolist().")
-    if not all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(losses, want, strict=True)):
-        return fail("your losses differ from the loop's: did the training change?",
-                    "keep each step as it was (forward, loss, backward, step, zero_grad); change only how "
-                    "the losses are kept.")
-    early = [(name, k) for name, k in mode.reads if k < len(batches)]
-    if early:
-        name, k = early[0]
-        return fail(f"the host read a tensor's value ({name}) after {k} of {len(batches)} steps, "
-                    f"{len(early)} such read(s) in all: on a GPU the CPU waits there until the GPU has "
-                    "finished, and the GPU then idles until the CPU queues the next step.",
-                    "keep the loss tensors (loss.detach()) in a list and convert them once after the loop.")
-    return ok(f"{len(want)} steps queued without a single read back; the losses are converted once, at the end.")
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return fail(f"your code raised {type(exc).__name__}: {message}",
+                    "during capture nothing may make the host wait for the GPU." if "captur" in message else "")
+    if replays[0] < len(batches):
+        return fail(f"{len(batches)} calls of replay(x, y) replayed a graph {replays[0]} time(s).",
+                    "capture the step once, inside `with torch.cuda.graph(graph):`, and make replay(x, y) run "
+                    "graph.replay().")
+    last = losses[-1]
+    if not isinstance(last, torch.Tensor) or last.numel() != 1:
+        return fail(f"replay(x, y) should return the loss tensor, got {type(last).__name__}.")
+
+    def same(reference: nn.Module) -> bool:
+        return all(torch.allclose(p, q, atol=1e-5) for p, q in zip(model.parameters(), reference.parameters(),
+                                                                  strict=True))
+
+    reference, want = eager(batches)
+    if not same(reference):
+        if same(eager([batches[0]] * len(batches))[0]):
+            return fail("every replay trained on the batch the graph was captured with, not on the batch passed in.",
+                        "a replay reads the memory it captured; new data has to go into those tensors.")
+        return fail("after the replays, the weights differ from eager training on the same batches.",
+                    "a replay repeats everything the capture did, once-only work included (the optimizer's state "
+                    "made at its first step, gradients accumulated onto old ones): warm up, and let backward "
+                    "make fresh gradients during the capture.")
+    if not torch.allclose(last.detach().float(), want, atol=1e-5):
+        return fail("the weights are right, but replay(x, y) returned another loss than that of the batch.",
+                    "return the loss tensor that the captured step computed: the replay refills it.")
+    where = "on the GPU" if dev != "cpu" else "with the CPU stand-in of CUDA graphs"
+    return ok(f"{len(batches)} replays give the losses and weights of {len(batches)} eager steps ({where}).")
 
 
+@contextmanager
+def _counting_replays(count: list[int]) -> Iterator[None]:
+    """Counts the calls of ``torch.cuda.CUDAGraph.replay`` (the stand-in's too) while the block runs."""
+    cls = torch.cuda.CUDAGraph
+    original = cls.replay
+
+    def replay(self: Any) -> Any:
+        count[0] += 1
+        return original(self)
+
+    cls.replay = replay  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.replay = original  # type: ignore[method-assign]
+
+
+# --- 4. a DataLoader within a budget -----------------------------------------------------------------------
+
+class LoaderBudget:
+    """The exercise's job: batches of 16 `SlowReads` items, each taking 2 ms to read (waiting on storage, not
+    computing), and a training step that takes 10 ms; at most 4 worker processes and 16 batches in flight."""
+
+    batch_size = 16
+    batches = 32
+    read_ms = 2.0
+    step_ms = 10.0
+    max_workers = 4
+    max_in_flight = 16
+    slowdown = 1.5
+
+    @classmethod
+    def steps_alone(cls) -> float:
+        return cls.batches * cls.step_ms / 1e3
+
+
+def _epoch_seconds(loader: DataLoader[Any]) -> float:
+    t0 = time.perf_counter()
+    for _ in loader:
+        time.sleep(LoaderBudget.step_ms / 1e3)  # the training step (on a GPU, the CPU would be free meanwhile)
+    return time.perf_counter() - t0
+
+
+def check_loader_options(options: Mapping[str, Any]) -> Verdict:
+    """Exercise: ``DataLoader(SlowReads(...), batch_size=16, **options)`` runs its second epoch within 1.5×
+    the time of the steps alone, with at most 4 workers and at most 16 batches prefetched."""
+    if not isinstance(options, Mapping):
+        return fail(f"expected a dict of DataLoader options, got {type(options).__name__}.")
+    bad = sorted(set(options) - {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory"})
+    if bad:
+        return fail(f"choose only num_workers, prefetch_factor, persistent_workers and pin_memory; got {', '.join(bad)}.")
+    workers = int(options.get("num_workers", 0))
+    in_flight = workers * int(options.get("prefetch_factor") or 2)
+    if workers > LoaderBudget.max_workers:
+        return fail(f"{workers} workers: the budget allows {LoaderBudget.max_workers} (each is a process with its "
+                    "own copy of the data set).")
+    if in_flight > LoaderBudget.max_in_flight:
+        return fail(f"{workers} workers × prefetch_factor {in_flight // max(workers, 1)} = {in_flight} batches in "
+                    f"flight: the memory budget allows {LoaderBudget.max_in_flight}.")
+    data = SlowReads(LoaderBudget.batches * LoaderBudget.batch_size, read_ms=LoaderBudget.read_ms)
+    try:
+        with warnings.catch_warnings():  # more workers than cores: right for waiting, which uses no core
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            loader = DataLoader(data, batch_size=LoaderBudget.batch_size, **options)
+            _epoch_seconds(loader)
+            second = _epoch_seconds(loader)
+    except Exception as exc:  # the student's options: report any failure as feedback
+        return fail(f"the DataLoader raised {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    alone = LoaderBudget.steps_alone()
+    if second > LoaderBudget.slowdown * alone:
+        return fail(f"the second epoch took {second:.2f} s for {alone:.2f} s of steps: over the "
+                    f"{LoaderBudget.slowdown}× budget.",
+                    "reading here is waiting, not computing: what can wait for several items at once? And what "
+                    "does starting that again cost at every epoch?")
+    return ok(f"the second epoch stayed within {LoaderBudget.slowdown}× the time of its steps, with {workers} "
+              f"worker(s) and {in_flight} batch(es) in flight.")
