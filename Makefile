@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 NB ?= notebooks
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help lab test nbval-other-cpu compat unit refresh gpu-check record sync venv-test clean lint site browser-test binder-check
+.PHONY: help lab test test-slow nbval-other-cpu compat unit refresh gpu-check record sync venv-test clean lint site browser-test binder-check
 
 ## this list
 help:
@@ -56,6 +56,10 @@ OTHER_CPU := OMP_NUM_THREADS=1 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=
 test: $(VENV)/.test-installed lint
 	$(CPU_ONLY) $(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory nbval-other-cpu
+
+## the tests marked slow (real compiles of broken toolchains, an AOTInductor package), which make test leaves out
+test-slow: $(VENV)/.test-installed
+	$(CPU_ONLY) $(BIN)/python -m pytest tests -m slow $(PYTEST_ARGS)
 
 ## strict nbval over every notebook on one thread with AVX2 kernels, as another CPU runs it
 ## (OTHER_CPU_ISA=default: ATen's plain kernels)

@@ -7,8 +7,8 @@ picture is in the notebook and not only in a browser tab.
 - `read_trace(path)`: a `Trace` (a list of `Span`) with the outermost CPU ops of the thread that ran the
   user's Python (`CPU_ROW`; ``trace.cpu_thread`` says which thread and why), every GPU kernel, copy and
   memset (`GPU_ROW`; ``span.kind`` tells them apart) and the annotations (`STEP_ROW`).
-- `host_waits(path)`: every place where the host waited for the GPU (``.item()``, ``.cpu()``,
-  ``torch.cuda.synchronize()``...), each counted once, whatever called it.
+- `host_waits(path)`: every place where the host waited for the GPU (``.item()``, ``.cpu()``, a blocking copy
+  to the GPU, ``torch.cuda.synchronize()``...), each counted once, whatever called it.
 - `kernel_launches(path)`: each kernel or graph launch of the trace, with the kernel it started and the
   outermost CPU op or annotation that launched it.
 
@@ -207,20 +207,16 @@ def host_waits(path: str | Path) -> list[str]:
     itself where no op encloses it (``cudaDeviceSynchronize`` for ``torch.cuda.synchronize()``).
 
     Each wait is counted once: one ``.item()`` on a GPU tensor is ``aten::item`` →
-    ``aten::_local_scalar_dense`` → ``cudaStreamSynchronize``, one wait, found by its runtime call; an
-    ``.item()`` of a CPU tensor (a data set's own work) waits for nothing and is not counted. In a trace
-    without a GPU (no runtime calls), the entries are the value reads (``aten::item``) that would wait on
-    one. Each wait is a point where the CPU stops queueing work, which leaves the GPU idle afterwards.
+    ``aten::_local_scalar_dense`` → ``cudaStreamSynchronize``, one wait, found by its runtime call. A read of a
+    CPU tensor (``.item()`` of a data set's own numbers, an optimizer's step counter) waits for nothing and is
+    not counted; a trace without GPU runtime calls (a CPU-only run) has no waits. Each wait is a point where
+    the CPU stops queueing work, which leaves the GPU idle afterwards.
 
     In a trace with profiler steps (``ProfilerStep#N``, from ``prof.step()``), only the waits inside the steps
     count: the profiler synchronises once more when it stops, and that wait is its own, not the code's."""
     events = _load(path)
     ops = _outermost(e for e in events if e.get("cat") in _CPU_OP and not _is_step(e))
-    if any(e.get("cat") in _RUNTIME for e in events):
-        waits = [e for e in events if e.get("cat") in _RUNTIME and e.get("name") in _WAIT_CALLS]
-    else:
-        waits = [e for es in _outermost(e for e in events if e.get("cat") in _CPU_OP and e.get("name") in _WAIT_OPS)
-                 .values() for e in es]
+    waits = [e for e in events if e.get("cat") in _RUNTIME and e.get("name") in _WAIT_CALLS]
     steps = [e for e in events if _is_step(e)]
     if steps:
         waits = [e for e in waits if any(_start(s) <= _start(e) <= _end(s) for s in steps)]
@@ -228,8 +224,9 @@ def host_waits(path: str | Path) -> list[str]:
 
 
 def sync_calls(spans_or_path: Sequence[Span] | str | Path) -> int:
-    """How many times the traced code made the host wait for a device: ``len(host_waits(path))`` for a trace
-    file; for spans (which hold only the outermost CPU ops), how many of them are host reads."""
+    """How many times the traced code made the host wait for a GPU: ``len(host_waits(path))`` for a trace file;
+    for spans (which hold only the outermost CPU ops, and no runtime calls), how many of them read a value
+    (``.item()``), each of which waits when the value is on a GPU."""
     if isinstance(spans_or_path, (str, Path)):
         return len(host_waits(spans_or_path))
     return sum(1 for s in spans_or_path if s.row == CPU_ROW and s.name in _WAIT_OPS)

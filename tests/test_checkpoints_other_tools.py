@@ -201,6 +201,7 @@ def test_torch_export_archive_is_named_and_torch_export_load_reads_it(tmp_path: 
     assert _equal(load_weights(Net(), program.state_dict).state_dict(), net.state_dict())
 
 
+@pytest.mark.slow
 def test_aoti_package_is_named_and_aoti_load_package_runs_it(tmp_path: Path) -> None:
     if compiling.compile_problem("cpu"):
         pytest.skip("torch.compile cannot build CPU kernels here: " + str(compiling.compile_problem("cpu")))

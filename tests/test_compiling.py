@@ -53,6 +53,7 @@ def _real(*names: str) -> str:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("runs", "error"), [(True, COMPILE_FAILS), (False, DOES_NOT_RUN)],
                          ids=["compile-fails", "compiler-does-not-run"])
 def test_a_broken_cpu_toolchain_is_reported_with_its_first_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -72,6 +73,7 @@ def test_a_broken_cpu_toolchain_is_reported_with_its_first_error_line(tmp_path: 
     assert compiling.compile_problem("cpu") is None
 
 
+@pytest.mark.slow
 def test_a_compile_that_does_not_finish_in_time_and_a_damaged_cache(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "inductor-cache"

@@ -124,6 +124,23 @@ def test_per_rank_bytes_checker() -> None:
 
 # --- 2. the memory plan -------------------------------------------------------------------------------------
 
+def _zero_bytes(weights: float, grads: float, optimizer: float) -> Callable[[int, int, int], float]:
+    def per_rank(n: int, world: int, stage: int) -> float:
+        return n * (weights / (world if stage >= 3 else 1) + grads / (world if stage >= 2 else 1)
+                    + optimizer / (world if stage >= 1 else 1))
+    return per_rank
+
+
+@pytest.mark.parametrize(("byte_counts", "named"), [((2, 2, 12), "ZeRO paper"), ((2, 2, 8), "no master copy"),
+                                                    ((4, 4, 4), "")])
+def test_per_rank_bytes_checker_names_the_terms_that_differ(byte_counts: tuple[int, int, int], named: str) -> None:
+    assert ex.check_per_rank_bytes(_zero_bytes(4, 4, 8))
+    verdict = ex.check_per_rank_bytes(_zero_bytes(*byte_counts))
+    assert not verdict and "the terms that differ" in verdict.message and named in verdict.message
+    for term, got in zip(("weights", "gradients", "optimizer state"), byte_counts, strict=True):
+        assert (f"{term} {got} (here" in verdict.message) == (got != {"weights": 4, "gradients": 4}.get(term, 8))
+
+
 def test_memory_plan_checker_accepts_the_solution() -> None:
     solution = _solution_plan()
     assert ex.check_memory_plan(solution)

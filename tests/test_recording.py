@@ -177,3 +177,19 @@ def test_recordings_never_show_the_hosts_package_folder(tmp_path, monkeypatch) -
     assert outputs[0]["text"] == warning  # the caller's outputs are left as they were
     for path in (Path(rec.__file__).parent / "recorded").glob("*.json"):
         assert "-packages/" not in path.read_text(encoding="utf-8"), path.name
+
+
+def test_only_the_named_cells_run_on_a_gpu_host(shell, monkeypatch, tmp_path):
+    """COURSE_GPU_CELLS (make record GPU_CELLS=...): the cells named there run and are recorded; the others
+    show their recordings, or the note, even with a GPU."""
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("COURSE_RECORD", "1")
+    monkeypatch.setenv("COURSE_GPU_CELLS", "99-chosen, 99-other")
+    result, cap, _ = run(shell, "%%gpu 99-chosen\nprint('ran')")
+    assert result.success and cap.stdout == "ran\n" and (tmp_path / "99-chosen.json").exists()
+    result, cap, texts = run(shell, "%%gpu 99-left-out\nraise SystemExit('must not run')")
+    assert result.success and not (tmp_path / "99-left-out.json").exists()
+    assert "COURSE_GPU_CELLS leaves this cell out" in texts[0]
+    monkeypatch.delenv("COURSE_GPU_CELLS")  # unset: every cell runs
+    result, cap, _ = run(shell, "%%gpu 99-left-out\nprint('ran too')")
+    assert result.success and cap.stdout == "ran too\n" and (tmp_path / "99-left-out.json").exists()

@@ -68,6 +68,42 @@ def _valid_call(fn: Any, name: str) -> Verdict | None:
 
 # --- 1. per-rank memory for N ranks and a ZeRO stage -------------------------------------------------------
 
+_TERMS = ("weights", "gradients", "optimizer state")
+_NOTEBOOK_BYTES = (4.0, 4.0, 8.0)  # float32 weights and gradients, AdamW's two float32 moments
+_KNOWN_BYTES = {(2.0, 2.0, 12.0): "the ZeRO paper's mixed-precision Adam (Rajbhandari et al., K = 12: fp16 "
+                                  "weights and gradients, an fp32 master copy and two fp32 moments)",
+                (2.0, 2.0, 8.0): "bf16 weights and gradients with fp32 moments but no master copy",
+                (4.0, 4.0, 12.0): "float32 training that also keeps a master copy"}
+
+
+def _bytes_per_parameter(fn: Callable[[int, int, int], float]) -> tuple[float, float, float] | None:
+    """The bytes per parameter of weights, gradients and optimizer state that ``fn``'s answers imply, if they
+    fit the ZeRO sharding (stage s shards the last s terms) with some byte counts; else None."""
+    n, w = 1_000_000_000, 4
+    try:
+        s0, s1, s2, s3 = (float(fn(n, w, stage)) / n for stage in range(4))
+        opt, grads, weights = (s0 - s1) * w / (w - 1), (s1 - s2) * w / (w - 1), (s2 - s3) * w / (w - 1)
+        fits = all(math.isclose(float(fn(n, ranks, stage)) / n,
+                                sum(b / (ranks if i >= 3 - stage else 1) for i, b in enumerate((weights, grads, opt))),
+                                rel_tol=1e-6, abs_tol=1e-6)
+                   for ranks in (1, 2, 8) for stage in range(4))
+    except Exception:  # the student's code: a failure here only means no diagnosis
+        return None
+    return (weights, grads, opt) if fits and min(weights, grads, opt) >= 0 else None
+
+
+def _which_terms_differ(fn: Callable[[int, int, int], float]) -> str | None:
+    found = _bytes_per_parameter(fn)
+    if found is None or all(math.isclose(a, b) for a, b in zip(found, _NOTEBOOK_BYTES, strict=True)):
+        return None
+    named = _KNOWN_BYTES.get(tuple(round(b, 6) for b in found), "")  # type: ignore[arg-type]
+    differ = ", ".join(f"{t} {got:g} (here {want:g})" for t, got, want in zip(_TERMS, found, _NOTEBOOK_BYTES, strict=True)
+                       if not math.isclose(got, want))
+    return (f"your answers shard like ZeRO, with {found[0]:g} + {found[1]:g} + {found[2]:g} bytes per parameter"
+            + (f": {named}" if named else "") + f". This exercise is the float32 training measured above, 4 + 4 + 8 "
+            f"bytes (weights, gradients, AdamW's two moments, no master copy); the terms that differ: {differ}.")
+
+
 def check_per_rank_bytes(fn: Callable[[int, int, int], float]) -> Verdict:
     """Exercise: ``fn(n_params, world_size, stage)`` returns the bytes of parameters, gradients and AdamW
     state (float32) that one rank holds with ZeRO ``stage`` (0 = DDP, 1, 2, 3 = FSDP) on ``world_size``."""
@@ -87,8 +123,13 @@ def check_per_rank_bytes(fn: Callable[[int, int, int], float]) -> Verdict:
             hint = (f"ZeRO stage {s} shards {SHARDED[s]}: that part is divided by the world size, the rest is "
                     "held whole on every rank. Per parameter: 4 bytes of weight, 4 of gradient, 8 of AdamW "
                     "state (two float32 moments).")
-            if math.isclose(got, want / 4, rel_tol=1e-6) or math.isclose(got, want * 4, rel_tol=1e-6):
+            counted_parameters = math.isclose(got, want / 4, rel_tol=1e-6) or math.isclose(got, want * 4, rel_tol=1e-6)
+            if counted_parameters:
                 hint = "count bytes, not parameters: a float32 number takes 4 bytes."
+            terms = None if counted_parameters else _which_terms_differ(fn)
+            if terms is not None:
+                return fail(f"for {n:,} parameters on {w} rank(s) at stage {s} your answer is {got:,.0f} bytes, "
+                            f"not {want:,.0f}: {terms}", "use the byte counts of the training this notebook runs.")
             return fail(f"for {n:,} parameters on {w} rank(s) at stage {s} your answer, {got:,.0f} bytes, is "
                         f"{'more' if got > want else 'less'} than a rank holds.", hint)
     return ok(f"all {len(cases)} cases agree with the formulas (stages 0 to 3, 1 to 8 ranks). The FSDP2 run "

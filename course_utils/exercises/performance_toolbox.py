@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -54,6 +55,7 @@ def _idle_time_by_span(spans: list[Span]) -> dict[str, float]:
     return covered
 
 
+@functools.lru_cache(maxsize=8)
 def _truth(path: Path) -> dict[str, Any]:
     spans = read_trace(path)
     steps = sum(1 for s in spans if s.row == STEP_ROW and s.name.startswith("ProfilerStep#"))
@@ -153,6 +155,13 @@ def check_recompile_fix(fn: Callable[..., torch.Tensor]) -> Verdict:
         return fail("your values differ from smoothed_loss's for some smoothing values.",
                     "label smoothing mixes the usual cross-entropy with the cross-entropy against a uniform "
                     "target; the docs of F.cross_entropy give the formula.")
+    explanation = torch._dynamo.explain(fn)(*_loss_inputs()[0])
+    torch._dynamo.reset()
+    if explanation.graph_count == 0 or explanation.graph_break_count:
+        what = ("captured no graph of your function" if explanation.graph_count == 0 else
+                f"breaks your function's graph {explanation.graph_break_count} time(s)")
+        return fail(f"torch.compile {what}: it does not compile it whole.",
+                    "the fix keeps the loss compiled; what changes is what the graph treats as a constant.")
     if recompiles > 1:
         limit = (f", then hit its recompile limit ({torch._dynamo.config.recompile_limit}) and ran the remaining "
                  "steps without compiling" if hit_limit else "")
@@ -211,8 +220,8 @@ def check_graphed_step(graphed_step: Callable[..., Any], device: str | None = No
                     "during capture nothing may make the host wait for the GPU." if "captur" in message else "")
     if replays[0] < len(batches):
         return fail(f"{len(batches)} calls of replay(x, y) replayed a graph {replays[0]} time(s).",
-                    "capture the step once, inside `with torch.cuda.graph(graph):`, and make replay(x, y) run "
-                    "graph.replay().")
+                    "a graph runs only when it is replayed: the step has to be captured once, and each call "
+                    "of replay(x, y) has to replay it.")
     last = losses[-1]
     if not isinstance(last, torch.Tensor) or last.numel() != 1:
         return fail(f"replay(x, y) should return the loss tensor, got {type(last).__name__}.")
@@ -311,5 +320,5 @@ def check_loader_options(options: Mapping[str, Any]) -> Verdict:
                     f"{LoaderBudget.slowdown}× budget.",
                     "reading here is waiting, not computing: what can wait for several items at once? And what "
                     "does starting that again cost at every epoch?")
-    return ok(f"the second epoch stayed within {LoaderBudget.slowdown}× the time of its steps, with {workers} "
-              f"worker(s) and {in_flight} batch(es) in flight.")
+    return ok(f"the second epoch stayed within {LoaderBudget.slowdown}× the time of its steps, within the budget "
+              "of workers and of batches in flight.")
