@@ -26,6 +26,7 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from course_utils.input_pipeline import DecodedImages  # noqa: E402
 from course_utils.models import GPT, GPTConfig, token_batch  # noqa: E402
 
 
-def _profile(steps: int, target: Path, body) -> None:  # type: ignore[no-untyped-def]
+def _profile(steps: int, target: Path, body: Callable[[], None]) -> None:
     """Profile ``steps`` active steps after one warm-up step; write the gzipped trace to ``target``."""
     with tempfile.TemporaryDirectory() as tmp:
         with profile(activities=ACTIVITIES,

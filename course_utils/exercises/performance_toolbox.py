@@ -290,8 +290,8 @@ def _epoch_seconds(loader: DataLoader[Any]) -> float:
 
 
 def check_loader_options(options: Mapping[str, Any]) -> Verdict:
-    """Exercise: ``DataLoader(SlowReads(...), batch_size=16, **options)`` runs its second epoch within 1.5×
-    the time of the steps alone, with at most 4 workers and at most 16 batches prefetched."""
+    """Exercise: ``DataLoader(SlowReads(...), batch_size=16, **options)`` runs a later epoch (the faster of the
+    second and third, against other programs' noise) within 1.5× the time of the steps alone, with at most 4 workers and at most 16 batches prefetched."""
     if not isinstance(options, Mapping):
         return fail(f"expected a dict of DataLoader options, got {type(options).__name__}.")
     bad = sorted(set(options) - {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory"})
@@ -311,14 +311,14 @@ def check_loader_options(options: Mapping[str, Any]) -> Verdict:
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             loader = DataLoader(data, batch_size=LoaderBudget.batch_size, **options)
             _epoch_seconds(loader)
-            second = _epoch_seconds(loader)
+            second = min(_epoch_seconds(loader), _epoch_seconds(loader))  # a later epoch, the quieter of two
     except Exception as exc:  # the student's options: report any failure as feedback
         return fail(f"the DataLoader raised {type(exc).__name__}: {str(exc).splitlines()[0]}")
     alone = LoaderBudget.steps_alone()
     if second > LoaderBudget.slowdown * alone:
-        return fail(f"the second epoch took {second:.2f} s for {alone:.2f} s of steps: over the "
+        return fail(f"the faster of epochs 2 and 3 took {second:.2f} s for {alone:.2f} s of steps: over the "
                     f"{LoaderBudget.slowdown}× budget.",
                     "reading here is waiting, not computing: what can wait for several items at once? And what "
                     "does starting that again cost at every epoch?")
-    return ok(f"the second epoch stayed within {LoaderBudget.slowdown}× the time of its steps, within the budget "
+    return ok(f"epochs after the first stayed within {LoaderBudget.slowdown}× the time of its steps, within the budget "
               "of workers and of batches in flight.")
