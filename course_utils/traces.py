@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,7 +30,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 __all__ = ["CPU_ROW", "GPU_ROW", "STEP_ROW", "Launch", "Span", "Trace", "busy_fraction", "host_waits",
-           "idle_gaps", "kernel_launches", "plot_timeline", "read_trace", "sync_calls"]
+           "idle_gaps", "kernel_launches", "plot_timeline", "read_trace", "short_kernel_name",
+           "sync_calls"]
 
 CPU_ROW = "CPU ops"
 GPU_ROW = "GPU"
@@ -244,6 +246,15 @@ def kernel_launches(path: str | Path) -> list[Launch]:
                       key=_start)
     return [Launch(str(e["name"]), kernels.get((e.get("args") or {}).get("correlation"), ""), _enclosing(e, tops))
             for e in launches]
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel's name without its return type, anonymous namespaces, template arguments and parameters:
+    ``void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>(...)`` becomes
+    ``at::native::multi_tensor_apply_kernel``. Names without these (Triton's, cuBLAS's) come back as they are."""
+    name = name.replace("(anonymous namespace)::", "").strip()
+    name = name.removeprefix("void ")
+    return re.split(r"[<(]", name, maxsplit=1)[0].strip()
 
 
 def idle_gaps(spans: Sequence[Span], row: str = GPU_ROW, min_gap_us: float = 0.0) -> list[tuple[float, float]]:

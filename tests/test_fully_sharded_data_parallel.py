@@ -8,6 +8,7 @@ takes only the ``def`` from the cell and runs it with the names it is given.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from course_utils.exercises import Verdict
 from course_utils.exercises import fully_sharded_data_parallel as ex
 from course_utils.memory_accounting import saved_tensor_bytes
+from course_utils.memory_plan import plan_memory
 from course_utils.models import GPT, GPTConfig, token_batch
 
 NB = "08_fully_sharded_data_parallel"
@@ -99,56 +101,50 @@ def test_activation_bytes_equal_what_autograd_saves(cfg: GPTConfig) -> None:
     assert ex.activation_bytes(cfg, checkpointed=True) == checkpointed < plain
 
 
-# --- 1. per-rank bytes ------------------------------------------------------------------------------------
+# --- 1. the fewest GPUs -----------------------------------------------------------------------------------
 
-def test_per_rank_bytes_checker() -> None:
-    solution = _solution("per_rank_bytes")
-    assert ex.check_per_rank_bytes(solution)
+def test_fewest_gpus_reference_by_hand() -> None:
+    # the ZeRO paper's 7.5 B parameters (2 + 2 + 12 bytes) on GPUs of 32 GB
+    assert ex.reference_fewest_gpus(7_500_000_000, 32e9, 0) is None  # 120 GB whole on every GPU
+    assert ex.reference_fewest_gpus(7_500_000_000, 32e9, 1) == 45  # 30 GB whole, then 90 GB / 45 = 2 GB
+    assert ex.reference_fewest_gpus(7_500_000_000, 32e9, 2) == 7  # 15 GB whole, 105 GB / 7 = 15 GB
+    assert ex.reference_fewest_gpus(7_500_000_000, 32e9, 3) == 4  # 120 GB / 4 = 30 GB
+    assert ex.reference_fewest_gpus(1000, 16_000, 0, 4, 4, 8) == 1  # exactly full fits
+    assert ex.reference_fewest_gpus(1000, 8_000, 1, 4, 4, 8) is None  # the whole part fills it exactly
 
-    verdict = ex.check_per_rank_bytes(lambda n, w, s: 16 * n)  # the exercise's stub: stage 0 everywhere
-    assert not verdict and "on 2 rank(s) at stage 1" in verdict.message and "more than" in verdict.message
-    assert "stage 1 shards the optimizer state" in verdict.hint
 
-    verdict = ex.check_per_rank_bytes(lambda n, w, s: solution(n, w, s) / 4)  # parameters, not bytes
-    assert not verdict and "less than" in verdict.message and "count bytes" in verdict.hint
-
-    verdict = ex.check_per_rank_bytes(lambda n, w, s: 16 * n // (w - 1))
-    assert not verdict and "raised ZeroDivisionError" in verdict.message
-
-    verdict = ex.check_per_rank_bytes(lambda n, w, s: f"{solution(n, w, s):,.0f} B")
-    assert not verdict and "returned str" in verdict.message
-
-    verdict = ex.check_per_rank_bytes(lambda n, w, s: True)
-    assert not verdict and "returned bool" in verdict.message
+def test_fewest_gpus_checker() -> None:
+    solution = _solution("fewest_gpus", math=math)
+    assert ex.check_fewest_gpus(solution)
+    cases = [
+        (lambda n, g, s, w, gr, o: 1, "no number of GPUs is enough"),
+        (lambda n, g, s, w, gr, o: ex.reference_fewest_gpus(n, g, s), "use the bytes per parameter the call passes"),
+        (lambda n, g, s, w, gr, o: (solution(n, g, s, w, gr, o) or 0) + 1 or None, "GPUs are enough"),
+        (lambda n, g, s, w, gr, o: None, "returned None, but"),
+        (lambda n, g, s, w, gr, o: 1.5, "expected a whole number of GPUs"),
+        (lambda n, g, s, w, gr, o: n // 0, "raised ZeroDivisionError"),
+    ]
+    for fn, expected in cases:
+        verdict = ex.check_fewest_gpus(fn)
+        assert not verdict and expected in verdict.message + verdict.hint, (expected, verdict)
 
 
 # --- 2. the memory plan -------------------------------------------------------------------------------------
 
-def _zero_bytes(weights: float, grads: float, optimizer: float) -> Callable[[int, int, int], float]:
-    def per_rank(n: int, world: int, stage: int) -> float:
-        return n * (weights / (world if stage >= 3 else 1) + grads / (world if stage >= 2 else 1)
-                    + optimizer / (world if stage >= 1 else 1))
-    return per_rank
-
-
-@pytest.mark.parametrize(("byte_counts", "named"), [((2, 2, 12), "ZeRO paper"), ((2, 2, 8), "no master copy"),
-                                                    ((4, 4, 4), "")])
-def test_per_rank_bytes_checker_names_the_terms_that_differ(byte_counts: tuple[int, int, int], named: str) -> None:
-    assert ex.check_per_rank_bytes(_zero_bytes(4, 4, 8))
-    verdict = ex.check_per_rank_bytes(_zero_bytes(*byte_counts))
-    assert not verdict and "the terms that differ" in verdict.message and named in verdict.message
-    for term, got in zip(("weights", "gradients", "optimizer state"), byte_counts, strict=True):
-        assert (f"{term} {got} (here" in verdict.message) == (got != {"weights": 4, "gradients": 4}.get(term, 8))
+def _solution_plan() -> Callable[..., Any]:
+    return _solution("plan", plan_memory=plan_memory)
 
 
 def test_memory_plan_checker_accepts_the_solution() -> None:
     solution = _solution_plan()
     assert ex.check_memory_plan(solution)
-    assert [solution(*case) for case in ex.PLAN_CASES][-1] is None  # the cases include one where nothing fits
+    answers = [solution(*case) for case in ex.PLAN_CASES]
+    assert None in answers and any(a and a[1] for a in answers) and any(a and not a[1] for a in answers)
 
 
-def _plan_checkpointing_first(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
-    for checkpointed in (True, False):
+def _plan_states_and_activations(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
+    """The old model: ZeRO states plus saved activations, no transient terms."""
+    for checkpointed in (False, True):
         for stage in range(4):
             if ex.reference_per_rank_bytes(ex.parameter_count(cfg), world_size, stage) + ex.activation_bytes(
                     cfg, checkpointed) <= budget:
@@ -158,8 +154,7 @@ def _plan_checkpointing_first(cfg: GPTConfig, world_size: int, budget: float) ->
 
 def _plan_highest_stage(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
     for checkpointed in (False, True):
-        fits = [stage for stage in range(4) if ex.reference_per_rank_bytes(
-            ex.parameter_count(cfg), world_size, stage) + ex.activation_bytes(cfg, checkpointed) <= budget]
+        fits = [s for s in range(4) if plan_memory(cfg, "bf16", checkpointed, s, world_size).fits(budget)]
         if fits:
             return max(fits), checkpointed
     return None
@@ -168,11 +163,11 @@ def _plan_highest_stage(cfg: GPTConfig, world_size: int, budget: float) -> tuple
 def test_memory_plan_checker_names_each_mistake() -> None:
     solution = _solution_plan()
     mistakes: list[tuple[Callable[..., Any], str]] = [
-        (lambda cfg, w, budget: (0, False), "it does not fit"),
-        (_plan_checkpointing_first, "checkpoints activations, but a ZeRO stage fits without"),
+        (_plan_states_and_activations, "fits the states and the saved activations"),
+        (lambda cfg, w, budget: (0, True), "checkpoints activations, but a ZeRO stage fits without"),
         (_plan_highest_stage, "a lower stage fits too"),
-        (lambda cfg, w, budget: solution(cfg, w, budget) or (3, True), "nothing fits"),
-        (lambda cfg, w, budget: None, "you found no plan, but one fits"),
+        (lambda cfg, w, budget: solution(cfg, w, budget) or (3, True), "It would run out of memory"),
+        (lambda cfg, w, budget: None, "you found no plan, but"),
         (lambda cfg, w, budget: list(solution(cfg, w, budget) or ()) or None, "returned [0, False]; expected"),
         (lambda cfg, w, budget: (5, False), "returned (5, False); expected (stage, checkpointed)"),
         (lambda cfg, w, budget: (0, 0), "returned (0, 0); expected"),
@@ -247,7 +242,7 @@ def test_load_checker_explains_the_missing_model_nesting(
 
 
 @pytest.mark.parametrize(("check", "call"), [
-    (ex.check_per_rank_bytes, "check_per_rank_bytes(per_rank_bytes)"),
+    (ex.check_fewest_gpus, "check_fewest_gpus(fewest_gpus)"),
     (ex.check_memory_plan, "check_memory_plan(plan)"),
     (lambda fn: ex.check_load_on_one_process(fn, "no-folder", {}),
      "check_load_on_one_process(load_on_one_process, folder, expected)"),

@@ -161,10 +161,7 @@ def test_gpu_cell_names_are_unique_and_prefixed():
 # One-GPU cells whose recording is still to be made, each with the reason. Students see the cell's note
 # ("No output of this cell ... comes with the course yet"); the test below fails once a recording exists, so
 # that a name does not stay here after it is recorded.
-PENDING_RECORDINGS = {
-    "07-speed-ladder": "new in this version of notebook 07; its recording run did not finish within the GPU time",
-    "07-speed-ladder-tuned": "new in this version of notebook 07; not run on a GPU yet",
-}
+PENDING_RECORDINGS: dict[str, str] = {}
 
 
 def test_single_gpu_cells_have_current_recordings():

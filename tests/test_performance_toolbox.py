@@ -158,6 +158,21 @@ def test_shipped_gpu_trace() -> None:
     assert launches and all(launch.kernel for launch in launches if "Launch" in launch.api)
     assert any(launch.caller.startswith("autograd::engine::evaluate_function") for launch in launches)
     assert 0 < traces.busy_fraction(spans) < 1
+    names = {traces.short_kernel_name(launch.kernel) for launch in launches}
+    assert all(name and not name.startswith("void") and "<" not in name and "(" not in name for name in names)
+    assert any(name.startswith("at::native::") for name in names), names
+
+
+def test_short_kernel_name() -> None:
+    short = traces.short_kernel_name
+    assert short("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<TensorListMetadata<4>, "
+                 "AdamFunctor<float, 4>>(TensorListMetadata<4>, float)") == "at::native::multi_tensor_apply_kernel"
+    assert short("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+                 "std::array<char*, 1ul>>(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)") == \
+        "at::native::vectorized_elementwise_kernel"
+    assert short("triton_per_fused_add_mean_0") == "triton_per_fused_add_mean_0"
+    assert short("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_coopB_TNT") == "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_coopB_TNT"
+    assert short("") == ""
 
 
 def test_idle_gaps_and_busy_fraction() -> None:

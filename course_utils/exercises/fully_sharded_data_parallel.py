@@ -1,7 +1,7 @@
 """Checkers for notebook 08 (when the model does not fit). They run on the CPU, so every student gets feedback.
 
-The memory model is the notebook's: float32 parameters, gradients and AdamW's two moments (4 + 4 + 8 bytes
-per parameter), sharded by the ZeRO stage over the ranks, plus the activations of the rank's own batch.
+Exercise 1 shards the states by the ZeRO stages with the bytes per parameter it is given; exercise 2 plans a
+job by its predicted peak (`course_utils.memory_plan`); exercise 3 loads a sharded checkpoint in one process.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from fractions import Fraction
+from functools import partial
 from typing import Any
 
 import torch
@@ -16,24 +18,15 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from ..memory_plan import parameter_count, plan_memory
 from ..models import GPTConfig
 from . import Verdict, fail, ok
 
-__all__ = ["activation_bytes", "check_load_on_one_process", "check_memory_plan", "check_per_rank_bytes",
-           "parameter_count", "reference_per_rank_bytes"]
-
-SHARDED = {0: "nothing (DDP)", 1: "the optimizer state", 2: "the optimizer state and the gradients",
-           3: "the optimizer state, the gradients and the parameters"}
+__all__ = ["FEWEST_CASES", "PLAN_CASES", "activation_bytes", "check_fewest_gpus", "check_load_on_one_process",
+           "check_memory_plan", "parameter_count", "reference_fewest_gpus", "reference_per_rank_bytes"]
 
 
 # --- the reference memory model -------------------------------------------------------------------------
-
-def parameter_count(cfg: GPTConfig) -> int:
-    """Parameters of `course_utils.models.GPT` of shape ``cfg``, from its shapes."""
-    d, v = cfg.d_model, cfg.vocab
-    block = (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 2 * 2 * d
-    return v * d + cfg.seq_len * d + cfg.n_layers * block + 2 * d + (d * v + v)
-
 
 def activation_bytes(cfg: GPTConfig, checkpointed: bool = False) -> int:
     """Bytes autograd saves for backward in `GPT.loss` on a batch of ``cfg.batch`` sequences (float32).
@@ -66,89 +59,81 @@ def _valid_call(fn: Any, name: str) -> Verdict | None:
     return None
 
 
-# --- 1. per-rank memory for N ranks and a ZeRO stage -------------------------------------------------------
+# --- 1. the fewest GPUs for a ZeRO stage ------------------------------------------------------------------
 
-_TERMS = ("weights", "gradients", "optimizer state")
-_NOTEBOOK_BYTES = (4.0, 4.0, 8.0)  # float32 weights and gradients, AdamW's two float32 moments
-_KNOWN_BYTES = {(2.0, 2.0, 12.0): "the ZeRO paper's mixed-precision Adam (Rajbhandari et al., K = 12: fp16 "
-                                  "weights and gradients, an fp32 master copy and two fp32 moments)",
-                (2.0, 2.0, 8.0): "bf16 weights and gradients with fp32 moments but no master copy",
-                (4.0, 4.0, 12.0): "float32 training that also keeps a master copy"}
+def _states_per_gpu(n: int, stage: int, counts: tuple[float, float, float], world: int) -> float:
+    return sum(b * n / (world if i >= 3 - stage else 1) for i, b in enumerate(counts))
 
 
-def _bytes_per_parameter(fn: Callable[[int, int, int], float]) -> tuple[float, float, float] | None:
-    """The bytes per parameter of weights, gradients and optimizer state that ``fn``'s answers imply, if they
-    fit the ZeRO sharding (stage s shards the last s terms) with some byte counts; else None."""
-    n, w = 1_000_000_000, 4
-    try:
-        s0, s1, s2, s3 = (float(fn(n, w, stage)) / n for stage in range(4))
-        opt, grads, weights = (s0 - s1) * w / (w - 1), (s1 - s2) * w / (w - 1), (s2 - s3) * w / (w - 1)
-        fits = all(math.isclose(float(fn(n, ranks, stage)) / n,
-                                sum(b / (ranks if i >= 3 - stage else 1) for i, b in enumerate((weights, grads, opt))),
-                                rel_tol=1e-6, abs_tol=1e-6)
-                   for ranks in (1, 2, 8) for stage in range(4))
-    except Exception:  # the student's code: a failure here only means no diagnosis
+def reference_fewest_gpus(n_params: int, gpu_bytes: float, stage: int, weights: float = 2, grads: float = 2,
+                          optimizer: float = 12) -> int | None:
+    """The fewest GPUs on which one GPU's share of the states (``weights``, ``grads`` and ``optimizer`` bytes per
+    parameter, the last including any master copy) fits in ``gpu_bytes`` at ZeRO ``stage``; None if none does."""
+    per_parameter = (weights, grads, optimizer)
+    whole = Fraction(sum(per_parameter[:3 - stage])) * n_params  # what every GPU holds whole at this stage
+    sharded = Fraction(sum(per_parameter[3 - stage:])) * n_params
+    room = Fraction(gpu_bytes) - whole
+    if room < 0 or (room == 0 and sharded > 0):
         return None
-    return (weights, grads, opt) if fits and min(weights, grads, opt) >= 0 else None
+    return 1 if sharded == 0 else max(1, math.ceil(sharded / room))
 
 
-def _which_terms_differ(fn: Callable[[int, int, int], float]) -> str | None:
-    found = _bytes_per_parameter(fn)
-    if found is None or all(math.isclose(a, b) for a, b in zip(found, _NOTEBOOK_BYTES, strict=True)):
-        return None
-    named = _KNOWN_BYTES.get(tuple(round(b, 6) for b in found), "")  # type: ignore[arg-type]
-    differ = ", ".join(f"{t} {got:g} (here {want:g})" for t, got, want in zip(_TERMS, found, _NOTEBOOK_BYTES, strict=True)
-                       if not math.isclose(got, want))
-    return (f"your answers shard like ZeRO, with {found[0]:g} + {found[1]:g} + {found[2]:g} bytes per parameter"
-            + (f": {named}" if named else "") + f". This exercise is the float32 training measured above, 4 + 4 + 8 "
-            f"bytes (weights, gradients, AdamW's two moments, no master copy); the terms that differ: {differ}.")
+FEWEST_CASES: tuple[tuple[int, float, int, tuple[float, float, float]], ...] = tuple(
+    (n, gpu, stage, counts)
+    for n, gpu in ((1_000_000_000, 24e9), (7_500_000_000, 80e9), (70_000_000_000, 80e9), (7_500_000_000, 40e9))
+    for stage in range(4) for counts in ((2, 2, 12), (4, 4, 8)))
+"""(parameters, bytes per GPU, stage, bytes per parameter: weights, gradients, optimizer state) of exercise 1."""
 
 
-def check_per_rank_bytes(fn: Callable[[int, int, int], float]) -> Verdict:
-    """Exercise: ``fn(n_params, world_size, stage)`` returns the bytes of parameters, gradients and AdamW
-    state (float32) that one rank holds with ZeRO ``stage`` (0 = DDP, 1, 2, 3 = FSDP) on ``world_size``."""
-    bad = _valid_call(fn, "check_per_rank_bytes(per_rank_bytes)")
+def check_fewest_gpus(fn: Callable[..., int | None]) -> Verdict:
+    """Exercise: ``fn(n_params, gpu_bytes, stage, weights, grads, optimizer)`` returns the fewest GPUs on which
+    each GPU's share of the states fits at that ZeRO stage, or None when no number of GPUs is enough."""
+    bad = _valid_call(fn, "check_fewest_gpus(fewest_gpus)")
     if bad is not None:
         return bad
-    cases = [(n, w, s) for n in (137_216, 1_000_000_000) for w in (1, 2, 4, 8) for s in (0, 1, 2, 3)]
-    for n, w, s in cases:
+    for n, gpu, stage, counts in FEWEST_CASES:
+        call = f"fewest_gpus({n:_}, {gpu / 1e9:g}e9, {stage}, weights={counts[0]}, grads={counts[1]}, optimizer={counts[2]})"
         try:
-            got = fn(n, w, s)
+            got = fn(n, gpu, stage, *counts)
         except Exception as exc:  # the student's code: report any failure as feedback
-            return fail(f"per_rank_bytes({n}, {w}, {s}) raised {type(exc).__name__}: {exc}")
-        if not isinstance(got, (int, float)) or isinstance(got, bool):
-            return fail(f"per_rank_bytes({n}, {w}, {s}) returned {type(got).__name__}; expected a number of bytes.")
-        want = reference_per_rank_bytes(n, w, s)
-        if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1):
-            hint = (f"ZeRO stage {s} shards {SHARDED[s]}: that part is divided by the world size, the rest is "
-                    "held whole on every rank. Per parameter: 4 bytes of weight, 4 of gradient, 8 of AdamW "
-                    "state (two float32 moments).")
-            counted_parameters = math.isclose(got, want / 4, rel_tol=1e-6) or math.isclose(got, want * 4, rel_tol=1e-6)
-            if counted_parameters:
-                hint = "count bytes, not parameters: a float32 number takes 4 bytes."
-            terms = None if counted_parameters else _which_terms_differ(fn)
-            if terms is not None:
-                return fail(f"for {n:,} parameters on {w} rank(s) at stage {s} your answer is {got:,.0f} bytes, "
-                            f"not {want:,.0f}: {terms}", "use the byte counts of the training this notebook runs.")
-            return fail(f"for {n:,} parameters on {w} rank(s) at stage {s} your answer, {got:,.0f} bytes, is "
-                        f"{'more' if got > want else 'less'} than a rank holds.", hint)
-    return ok(f"all {len(cases)} cases agree with the formulas (stages 0 to 3, 1 to 8 ranks). The FSDP2 run "
-              "above measured stage 3 on 2 and 4 ranks, and ZeroRedundancyOptimizer stage 1.")
+            return fail(f"{call} raised {type(exc).__name__}: {exc}")
+        want = reference_fewest_gpus(n, gpu, stage, *counts)
+        if got is not None and (not isinstance(got, int) or isinstance(got, bool) or got < 1):
+            return fail(f"{call} returned {got!r}; expected a whole number of GPUs (at least 1), or None.")
+        if got == want:
+            continue
+        per_gpu = partial(_states_per_gpu, n, stage, counts)
+        if want is None:
+            return fail(f"{call} returned {got}, but no number of GPUs is enough: every GPU holds "
+                        f"{per_gpu(10**12) / 1e9:,.1f} GB whole at stage {stage}, more than its {gpu / 1e9:.0f} GB.",
+                        "the part a stage does not shard stays whole on every GPU, however many there are.")
+        ignored = reference_fewest_gpus(n, gpu, stage, 4, 4, 8) == got or reference_fewest_gpus(n, gpu, stage) == got
+        hint = ("use the bytes per parameter the call passes in, not fixed ones." if ignored else
+                "solve the stage's formula for the number of GPUs: what it shards, divided by N_d, must fit in "
+                "what the unsharded part leaves of the GPU.")
+        if got is None:
+            return fail(f"{call} returned None, but {want} GPUs are enough ({per_gpu(want) / 1e9:,.2f} GB each).", hint)
+        if got < want:
+            return fail(f"{call} returned {got}: on {got} GPUs each holds {per_gpu(got) / 1e9:,.2f} GB, more than "
+                        f"{gpu / 1e9:.0f} GB.", hint)
+        return fail(f"{call} returned {got}, but {got - 1} GPUs are enough ({per_gpu(got - 1) / 1e9:,.2f} GB each).",
+                    hint)
+    return ok(f"all {len(FEWEST_CASES)} cases agree: 4 model sizes and GPUs, stages 0 to 3, the ZeRO paper's "
+              "mixed-precision bytes (2 + 2 + 12) and float32's (4 + 4 + 8).")
 
 
-# --- 2. what to shard or checkpoint for a budget ------------------------------------------------------------
+# --- 2. what to shard or checkpoint for a budget: the peak, not the states ---------------------------------
+
+PLAN_PRECISION = "bf16"
+"""Exercise 2's jobs train with autocast to bf16 and float32 weights, gradients and AdamW state."""
+
 
 def _reference_plan(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
-    n = parameter_count(cfg)
     for checkpointed in (False, True):
         for stage in range(4):
-            if reference_per_rank_bytes(n, world_size, stage) + activation_bytes(cfg, checkpointed) <= budget:
+            if plan_memory(cfg, PLAN_PRECISION, checkpointed, stage, world_size).fits(budget):
                 return stage, checkpointed
     return None
-
-
-def _plan_bytes(cfg: GPTConfig, world_size: int, plan: tuple[int, bool]) -> float:
-    return reference_per_rank_bytes(parameter_count(cfg), world_size, plan[0]) + activation_bytes(cfg, plan[1])
 
 
 PLAN_CASES: tuple[tuple[GPTConfig, int, float], ...] = (
@@ -165,8 +150,8 @@ PLAN_CASES: tuple[tuple[GPTConfig, int, float], ...] = (
 
 def check_memory_plan(fn: Callable[[GPTConfig, int, float], tuple[int, bool] | None]) -> Verdict:
     """Exercise: ``fn(cfg, world_size, budget_bytes)`` returns ``(stage, checkpointed)``, the least sharding
-    that fits (stage 0 before 1, 2, 3; activation checkpointing only when no stage fits without it), or
-    None when nothing fits."""
+    whose predicted need (`course_utils.memory_plan.plan_memory`: the peak, its margin and the CUDA context)
+    fits (stage 0 before 1, 2, 3; activation checkpointing only when no stage fits without it), or None."""
     bad = _valid_call(fn, "check_memory_plan(plan)")
     if bad is not None:
         return bad
@@ -178,23 +163,30 @@ def check_memory_plan(fn: Callable[[GPTConfig, int, float], tuple[int, bool] | N
         except Exception as exc:  # the student's code: report any failure as feedback
             return fail(f"for {where}, your function raised {type(exc).__name__}: {exc}")
         want = _reference_plan(cfg, w, budget)
-        if got is None or want is None:
-            if got is None and want is not None:
-                return fail(f"for {where} you found no plan, but one fits.",
-                            "try every stage without checkpointing first, then every stage with it.")
-            if got is not None and want is None:
-                return fail(f"for {where} nothing fits, even stage 3 with checkpointing; you returned {got!r}.",
-                            "return None when no plan fits: the job needs more ranks, a smaller batch, or "
-                            "offloading.")
-            continue
-        if (not isinstance(got, tuple) or len(got) != 2 or type(got[0]) is not int or got[0] not in (0, 1, 2, 3)
-                or not isinstance(got[1], bool)):
+        if got is not None and (not isinstance(got, tuple) or len(got) != 2 or type(got[0]) is not int
+                                or got[0] not in (0, 1, 2, 3) or not isinstance(got[1], bool)):
             return fail(f"for {where} you returned {got!r}; expected (stage, checkpointed): stage 0 to 3 and "
                         "True or False, or None.")
-        need = _plan_bytes(cfg, w, got)
-        if need > budget:
-            return fail(f"for {where}, your plan {got} needs {need / 2**30:.1f} GiB per GPU: it does not fit.",
-                        "add the activations of one rank's batch to the sharded states.")
+        if got == want:
+            continue
+        if got is None:
+            return fail(f"for {where} you found no plan, but {want} fits.",
+                        "try every stage without checkpointing first, then every stage with it.")
+        plan = plan_memory(cfg, PLAN_PRECISION, got[1], got[0], w)
+        if not plan.fits(budget):
+            states = reference_per_rank_bytes(parameter_count(cfg), w, got[0])
+            saved = sum(t.nbytes for t in plan.phases["backward (the loss)"] if t.name.startswith("activations"))
+            if states + saved <= budget:
+                return fail(f"for {where}, your plan {got} fits the states and the saved activations "
+                            f"({(states + saved) / 2**30:.1f} GiB), but not the step: its peak is "
+                            f"{plan.peak / 2**30:.1f} GiB ({plan.peak_phase}), {plan.total / 2**30:.1f} GiB "
+                            "with the allocator's margin and the CUDA context. It would run out of memory.",
+                            "a GPU runs out at the step's peak, with the tensors that live only for a moment: "
+                            "ask plan_memory whether the plan fits.")
+            return fail(f"for {where}, your plan {got} needs {plan.total / 2**30:.1f} GiB per GPU: it does not fit.",
+                        "ask plan_memory for each plan, in order.")
+        if want is None:  # unreachable: a plan that fits means the reference finds one
+            return fail(f"for {where}, nothing fits; you returned {got!r}.", "return None when no plan fits.")
         if got[1] and not want[1]:
             return fail(f"for {where}, your plan {got} checkpoints activations, but a ZeRO stage fits without "
                         "recomputing them.", "checkpointing costs a forward pass more per step: try every "
@@ -202,10 +194,9 @@ def check_memory_plan(fn: Callable[[GPTConfig, int, float], tuple[int, bool] | N
         if got[0] > want[0] and got[1] == want[1]:
             return fail(f"for {where}, your plan {got} fits, but a lower stage fits too.",
                         "each stage adds communication or latency: take the first one that fits.")
-        if got != want:
-            return fail(f"for {where}, your plan {got} is not the least one that fits.",
-                        "try stages 0 to 3 without checkpointing, then stages 0 to 3 with it.")
-    return ok(f"all {len(PLAN_CASES)} jobs get the least plan that fits, and None where nothing does.")
+        return fail(f"for {where}, your plan {got} is not the least one that fits.",
+                    "try stages 0 to 3 without checkpointing, then stages 0 to 3 with it.")
+    return ok(f"all {len(PLAN_CASES)} jobs get the least plan that fits at its peak, and None where nothing does.")
 
 
 # --- 3. a 4-rank checkpoint loaded in one process -----------------------------------------------------------
