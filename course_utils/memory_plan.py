@@ -8,8 +8,10 @@ MLP, an untied head), for:
 - a precision: ``"fp32"``, or ``"bf16"`` (``torch.autocast`` to bfloat16 with float32 weights, gradients
   and AdamW state: the usual mixed precision);
 - activation checkpointing of every block (``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``);
-- a ZeRO stage (0: DDP or one GPU; 1: optimizer state sharded; 2: and gradients; 3: and parameters, as
-  FSDP2's ``fully_shard`` on every block does) on ``world_size`` GPUs, ``cfg.batch`` being one GPU's batch;
+- a ZeRO stage (0: DDP or one GPU; 1: optimizer state sharded, as DDP with ``ZeroRedundancyOptimizer``; 2: and
+  gradients; 3: and parameters, as FSDP2's ``fully_shard`` on every block does) on ``world_size`` GPUs,
+  ``cfg.batch`` being one GPU's batch. Stages 0 and 1 on several GPUs count DDP's gradient buckets (a second
+  copy of the gradients, unless DDP is built with ``gradient_as_bucket_view=True``);
 - AdamW's implementation: ``foreach`` (the default on CUDA) or ``fused``.
 
 The peak is the largest of the step's phases, each a sum of terms (`MemoryPlan.phases`): the end of forward,
@@ -138,6 +140,9 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
             Term("AdamW state", 8 * n / shard[1], "two float32 moments" + _per(shard[1])),
             Term("the batch", 8 * b * (t + 1), "int64 token ids"),
             Term("cuBLAS workspace", workspace, "allocated at the first matrix product")]
+    if stage <= 1 and world_size > 1:
+        base.append(Term("DDP gradient buckets", 4 * n, "a second copy of the gradients, for the all-reduce "
+                         "(gradient_as_bucket_view=False, the default)"))
     if stage == 3:
         # FSDP2: the root (embeddings, final norm, head) stays gathered from forward to backward
         # (reshard_after_forward is False for it), and two blocks are gathered at a time (one prefetched)

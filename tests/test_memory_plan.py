@@ -69,6 +69,10 @@ def test_phases_and_terms() -> None:
     assert _term(ckpt, "backward (the loss)", "activations") < _term(plan, "backward (the loss)", "activations")
     assert _term(ckpt, "backward (block 7)", "recomputed block") > 0
     assert "gathered blocks" in {t.name for t in plan_memory(cfg, stage=3, world_size=8).terms}
+    # DDP keeps its gradient buckets (a second copy of the gradients) for stages 0 and 1 on several GPUs
+    for stage, world, buckets in [(0, 1, 0), (0, 8, 4 * n), (1, 8, 4 * n), (2, 8, 0), (3, 8, 0)]:
+        plan_w = plan_memory(cfg, stage=stage, world_size=world)
+        assert _term(plan_w, "optimizer step", "DDP gradient buckets") == buckets, (stage, world)
     assert plan.fits(80 * 2**30) and not plan.fits(4 * 2**30)
     assert "needed on the GPU" in plan.table()
 

@@ -193,7 +193,8 @@ def check_memory_plan(fn: Callable[[GPTConfig, int, float], tuple[int, bool] | N
                         "stage without it first.")
         if got[0] > want[0] and got[1] == want[1]:
             return fail(f"for {where}, your plan {got} fits, but a lower stage fits too.",
-                        "each stage adds communication or latency: take the first one that fits.")
+                        "take the first that fits, in the order asked: stage 3 all-gathers the weights again in "
+                        "every forward and backward, and the lower stages need no such gathering.")
         return fail(f"for {where}, your plan {got} is not the least one that fits.",
                     "try stages 0 to 3 without checkpointing, then stages 0 to 3 with it.")
     return ok(f"all {len(PLAN_CASES)} jobs get the least plan that fits at its peak, and None where nothing does.")
