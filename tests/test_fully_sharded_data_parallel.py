@@ -1,7 +1,7 @@
 """Notebook 08's memory model (parameter_count, activation_bytes, the ZeRO stages) and its exercise checkers.
 
 The notebook's solution cells end in demos that read the results of its torchrun runs (``n_small``,
-``reports``, ``PLAN_CASES``), and `plan` and `load_on_one_process` use names other cells define, so
+``reports``, ``PLAN_CASES``), and `plan` and `resume_on_one_process` use names other cells define, so
 `conftest.notebook_solution`, which runs the whole cell, cannot build them: `conftest.notebook_functions`
 takes only the ``def`` from the cell and runs it with the names it is given.
 """
@@ -19,6 +19,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from conftest import notebook_functions
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.utils.checkpoint import checkpoint
 
 from course_utils.exercises import Verdict
@@ -179,74 +180,90 @@ def test_memory_plan_checker_names_each_mistake() -> None:
         assert not verdict and expected in verdict.message, (expected, verdict)
 
 
-# --- 3. a DCP checkpoint loaded in one process -------------------------------------------------------------
+# --- 3. resume in one process -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def dcp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
-    """A DCP folder holding {"model": a SMALL GPT's state dict}, saved without a process group, and the
-    state dict it holds."""
-    folder = tmp_path_factory.mktemp("dcp") / "step-5"
+def resumable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A DCP folder holding {"model", "optim"} of a SMALL GPT and AdamW after 3 of the job's 5 steps (one
+    process, the job's global batches), and the weights after all 5 steps."""
+    folder = tmp_path_factory.mktemp("dcp") / "step-3"
     torch.manual_seed(0)
     model = GPT(SMALL)
-    dcp.save({"model": model.state_dict()}, checkpoint_id=str(folder))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    for step in range(1, 6):
+        model.loss(token_batch(SMALL, g)).backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 3:
+            model_state, optim_state = get_state_dict(model, opt)
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
     return folder, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _load(folder: str | Path) -> nn.Module:
+def _resume_solution() -> Callable[..., Any]:
+    return _solution("resume_on_one_process", GPT=GPT, SMALL=SMALL, dcp=dcp, get_state_dict=get_state_dict,
+                     set_state_dict=set_state_dict)
+
+
+def _weights_only(folder: str | Path) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = GPT(SMALL)
-    dcp.load({"model": model.state_dict()}, checkpoint_id=folder)
-    return model
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=folder)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def test_load_checker_accepts_a_right_loader(dcp_checkpoint: tuple[Path, dict[str, torch.Tensor]]) -> None:
-    folder, expected = dcp_checkpoint
-    solution = _solution("load_on_one_process", GPT=GPT, SMALL=SMALL, dcp=dcp)
-    for fn in (solution, _load):
-        verdict = ex.check_load_on_one_process(fn, folder, expected)
-        assert verdict and "all 30 tensors" in verdict.message and "1 shard file(s)" in verdict.message
-    assert ex.check_load_on_one_process(_load, str(folder), expected)
+def test_resume_checker_accepts_the_solution(resumable: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    folder, expected = resumable
+    verdict = ex.check_resume_on_one_process(_resume_solution(), folder, expected)
+    assert verdict and "1 shard file(s)" in verdict.message
 
 
-def test_load_checker_rejects_wrong_loaders(dcp_checkpoint: tuple[Path, dict[str, torch.Tensor]]) -> None:
-    folder, expected = dcp_checkpoint
+def test_resume_checker_names_each_mistake(resumable: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    folder, expected = resumable
+    solution = _resume_solution()
 
-    verdict = ex.check_load_on_one_process(torch.load, folder, expected)
-    assert not verdict and "raised IsADirectoryError" in verdict.message
-    assert "is a folder" in verdict.hint and "dcp.load" in verdict.hint
+    def other_optimizer(folder: str | Path) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model, _ = solution(folder)
+        return model, torch.optim.AdamW(GPT(SMALL).parameters(), lr=1e-3)
 
-    torch.manual_seed(1)
-    verdict = ex.check_load_on_one_process(lambda folder: GPT(SMALL), folder, expected)  # not loaded at all
-    assert not verdict and "tensors differ from the checkpoint's" in verdict.message
-    assert "state_dict()" in verdict.hint
-
-    verdict = ex.check_load_on_one_process(lambda folder: _load(folder).state_dict(), folder, expected)
-    assert not verdict and "returned OrderedDict; expected the model" in verdict.message
-
-    one_block = GPTConfig(vocab=256, seq_len=64, d_model=64, n_heads=4, n_layers=1)
-    verdict = ex.check_load_on_one_process(lambda folder: GPT(one_block), folder, expected)
-    assert not verdict and "keys differ" in verdict.message and "blocks.1." in verdict.message
-
-
-def test_load_checker_explains_the_missing_model_nesting(
-        dcp_checkpoint: tuple[Path, dict[str, torch.Tensor]]) -> None:
-    folder, expected = dcp_checkpoint
-
-    def flat(folder: str | Path) -> nn.Module:  # the keys lack the "model." the checkpoint's have
+    def flat(folder: str | Path) -> tuple[nn.Module, torch.optim.Optimizer]:
         model = GPT(SMALL)
-        dcp.load(model.state_dict(), checkpoint_id=folder)
-        return model
+        dcp.load(model.state_dict(), checkpoint_id=folder)  # without the checkpoint's "model" level
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    verdict = ex.check_load_on_one_process(flat, folder, expected)
-    assert not verdict and "Missing key" in verdict.message  # the rank's own error, not DCP's wrapper
-    assert "'model.'" in verdict.hint
+    def stepped(folder: str | Path) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model, opt = solution(folder)
+        for state in opt.state.values():
+            state["step"] += 1
+        return model, opt
+
+    def drifted(folder: str | Path) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model, opt = solution(folder)
+        with torch.no_grad():
+            model.head.weight.add_(0.01)
+        return model, opt
+
+    mistakes: list[tuple[Callable[..., Any], str]] = [
+        (torch.load, "raised IsADirectoryError"),
+        (_weights_only, "no state for 30 of 30 parameters"),
+        (other_optimizer, "does not update the parameters"),
+        (flat, "Missing key"),
+        (stepped, "step counts are [4], not 3"),
+        (drifted, "away from the run that never stopped"),
+        (lambda folder: solution(folder)[0], "expected (model, optimizer)"),
+    ]
+    for fn, expected_message in mistakes:
+        verdict = ex.check_resume_on_one_process(fn, folder, expected)
+        assert not verdict and expected_message in verdict.message, (expected_message, verdict)
 
 
 @pytest.mark.parametrize(("check", "call"), [
     (ex.check_fewest_gpus, "check_fewest_gpus(fewest_gpus)"),
     (ex.check_memory_plan, "check_memory_plan(plan)"),
-    (lambda fn: ex.check_load_on_one_process(fn, "no-folder", {}),
-     "check_load_on_one_process(load_on_one_process, folder, expected)"),
-], ids=["per_rank_bytes", "memory_plan", "load_on_one_process"])
+    (lambda fn: ex.check_resume_on_one_process(fn, "no-folder", {}),
+     "check_resume_on_one_process(resume_on_one_process, folder, expected)"),
+], ids=["fewest_gpus", "memory_plan", "resume_on_one_process"])
 def test_checkers_ask_for_the_function_itself(check: Callable[[Any], Verdict], call: str) -> None:
     verdict = check((0, False))
     assert not verdict and "expected your function, got tuple" in verdict.message and call in verdict.hint

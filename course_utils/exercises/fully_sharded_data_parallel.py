@@ -1,7 +1,8 @@
 """Checkers for notebook 08 (when the model does not fit). They run on the CPU, so every student gets feedback.
 
 Exercise 1 shards the states by the ZeRO stages with the bytes per parameter it is given; exercise 2 plans a
-job by its predicted peak (`course_utils.memory_plan`); exercise 3 loads a sharded checkpoint in one process.
+job by its predicted peak (`course_utils.memory_plan`); exercise 3 resumes training in one process from a
+sharded checkpoint of model and optimizer.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from ..memory_plan import parameter_count, plan_memory
-from ..models import GPTConfig
+from ..models import GPT, GPTConfig, token_batch
 from . import Verdict, fail, ok
 
-__all__ = ["FEWEST_CASES", "PLAN_CASES", "activation_bytes", "check_fewest_gpus", "check_load_on_one_process",
-           "check_memory_plan", "parameter_count", "reference_fewest_gpus", "reference_per_rank_bytes"]
+__all__ = ["FEWEST_CASES", "PLAN_CASES", "activation_bytes", "check_fewest_gpus", "check_memory_plan",
+           "check_resume_on_one_process", "parameter_count", "reference_fewest_gpus", "reference_per_rank_bytes"]
 
 
 # --- the reference memory model -------------------------------------------------------------------------
@@ -200,44 +201,74 @@ def check_memory_plan(fn: Callable[[GPTConfig, int, float], tuple[int, bool] | N
     return ok(f"all {len(PLAN_CASES)} jobs get the least plan that fits at its peak, and None where nothing does.")
 
 
-# --- 3. a 4-rank checkpoint loaded in one process -----------------------------------------------------------
+# --- 3. resume in one process from a 4-rank checkpoint ------------------------------------------------------
 
-def check_load_on_one_process(fn: Callable[[str | os.PathLike[str]], nn.Module],
-                              folder: str | os.PathLike[str], expected: dict[str, torch.Tensor]) -> Verdict:
-    """Exercise: ``fn(folder)`` returns a plain (unsharded) model holding the weights of the DCP checkpoint in
-    ``folder``, loaded in this process without a process group; ``expected`` is its full state dict."""
-    bad = _valid_call(fn, "check_load_on_one_process(load_on_one_process, folder, expected)")
+RESUME_STEPS = (3, 5)
+"""Exercise 3's checkpoint holds the state after step 3 of the job's 5."""
+
+
+def check_resume_on_one_process(fn: Callable[[str | os.PathLike[str]], tuple[nn.Module, torch.optim.Optimizer]],
+                                folder: str | os.PathLike[str], expected: dict[str, torch.Tensor],
+                                tolerance: float = 1e-4) -> Verdict:
+    """Exercise: ``fn(folder)`` returns ``(model, optimizer)``: a plain `GPT` and AdamW (lr 1e-3) holding the
+    state of the DCP checkpoint in ``folder`` (``{"model": ..., "optim": ...}`` after step 3), loaded in this
+    process without a process group. The checker trains them through steps 4 and 5 on the job's batches (the
+    ``token_batch`` stream of seed 1) and compares with ``expected``, the weights of the run that never stopped."""
+    bad = _valid_call(fn, "check_resume_on_one_process(resume_on_one_process, folder, expected)")
     if bad is not None:
         return bad
     try:
-        model = fn(folder)
+        got = fn(folder)
     except (IsADirectoryError, PermissionError) as exc:
         return fail(f"your function raised {type(exc).__name__}: {exc}",
                     "the checkpoint is a folder written by torch.distributed.checkpoint, not a torch.save "
-                    "file: load it with dcp.load (or load_sharded) into a state dict of the same structure.")
+                    "file: load it with dcp.load into a state dict of the same structure.")
     except (Exception, dcp.CheckpointException) as exc:  # the student's code: any failure is feedback
         # dcp's CheckpointException (a BaseException) carries each rank's own error
         errors = [e for e, _ in exc.failures.values()] if isinstance(exc, dcp.CheckpointException) else [exc]
         first = errors[0] if errors else exc
         text = str(first).splitlines()[0][:300] if str(first) else ""
-        hint = ""
-        if "Missing key" in str(first):
-            hint = ("the checkpoint was saved as {'model': model.state_dict()}: its keys start with 'model.'; "
-                    "load into a dict of the same structure.")
+        hint = ("the checkpoint holds {'model': ..., 'optim': ...}: load into a dict of the same structure."
+                if "Missing key" in str(first) else "")
         return fail(f"your function raised {type(first).__name__}: {text}", hint)
     if dist.is_available() and dist.is_initialized():
         return fail("your function started a process group.", "one process needs none: dcp.load reads "
                     "every shard file itself when no process group exists.")
-    if not isinstance(model, nn.Module):
-        return fail(f"your function returned {type(model).__name__}; expected the model (an nn.Module).")
+    if (not isinstance(got, tuple) or len(got) != 2 or not isinstance(got[0], nn.Module)
+            or not isinstance(got[1], torch.optim.Optimizer)):
+        return fail(f"your function returned {type(got).__name__}; expected (model, optimizer).")
+    model, optimizer = got
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if {id(p) for p in params} != {id(p) for p in model.parameters()}:
+        return fail("your optimizer does not update the parameters of the model you returned.",
+                    "build the optimizer on model.parameters() of the model you return.")
+    missing = sum(1 for p in params if not optimizer.state.get(p))
+    if missing:
+        return fail(f"your optimizer has no state for {missing} of {len(params)} parameters: a fresh AdamW "
+                    "would start again from zero moments and step 1.",
+                    "a resume needs the optimizer's state too: get_state_dict gives the structure to load "
+                    "into, set_state_dict puts what was loaded back.")
+    steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
+    if steps != {RESUME_STEPS[0]}:
+        return fail(f"your optimizer's step counts are {sorted(steps)}, not {RESUME_STEPS[0]}: its state is not "
+                    "the checkpoint's.", "load the optimizer's state from the checkpoint, not from a new step.")
+    if not isinstance(model, GPT):
+        return fail(f"your model is a {type(model).__name__}, not the course's GPT.", "start from GPT(SMALL).")
+    g = torch.Generator().manual_seed(1)
+    for step in range(1, RESUME_STEPS[1] + 1):
+        tokens = token_batch(model.cfg, g)
+        if step > RESUME_STEPS[0]:
+            model.loss(tokens).backward()
+            optimizer.step()
+            optimizer.zero_grad()
     state = model.state_dict()
     if set(state) != set(expected):
         return fail(f"your model's keys differ from the checkpoint's: {sorted(set(state) ^ set(expected))[:4]}.")
-    wrong = [k for k in expected if not torch.equal(state[k].detach().cpu(), expected[k].cpu())]
-    if wrong:
-        return fail(f"{len(wrong)} of {len(expected)} tensors differ from the checkpoint's (first: {wrong[0]}).",
-                    "dcp.load fills the tensors of the state dict you give it; give it the model's own "
-                    "state_dict() (or call load_state_dict with the loaded one).")
+    difference = max((state[k].detach().cpu() - expected[k].cpu()).abs().max().item() for k in expected)
+    if not difference < tolerance:
+        return fail(f"after steps 4 and 5 your model is up to {difference:.2g} away from the run that never "
+                    f"stopped (tolerance {tolerance:g}).",
+                    "both the weights and AdamW's state must come from the checkpoint.")
     shards = len([p for p in os.listdir(folder) if p.endswith(".distcp")])
-    return ok(f"all {len(expected)} tensors equal the checkpoint's, read from its {shards} shard file(s) in one "
-              "process.")
+    return ok(f"resumed from {shards} shard file(s) in one process: after steps 4 and 5 every tensor is within "
+              f"{tolerance:g} of the run that never stopped.")
