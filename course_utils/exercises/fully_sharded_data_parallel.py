@@ -30,13 +30,11 @@ __all__ = ["FEWEST_CASES", "PLAN_CASES", "activation_bytes", "check_fewest_gpus"
 # --- the reference memory model -------------------------------------------------------------------------
 
 def activation_bytes(cfg: GPTConfig, checkpointed: bool = False) -> int:
-    """Bytes autograd saves for backward in `GPT.loss` on a batch of ``cfg.batch`` sequences (float32).
-    With ``checkpointed``, each block keeps only its input; the rest is recomputed in backward."""
-    b, t, d, h, v = cfg.batch, cfg.seq_len - 1, cfg.d_model, cfg.n_heads, cfg.vocab
-    per_block = 4 * (16 * b * t * d + 4 * b * t + b * h * t)
-    outside = 4 * (2 * b * t * d + 2 * b * t + b * t * v + 1) + 8 * (b * (t + 1) + b * t + t)
-    blocks = cfg.n_layers * (4 * b * t * d if checkpointed else per_block)
-    return blocks + outside
+    """Bytes autograd saves for backward in `GPT.loss` on a batch of ``cfg.batch`` sequences (float32), the
+    token batch included: the memory plan's saved terms. With ``checkpointed``, each block keeps only its input."""
+    saved = ("activations", "activations outside blocks", "the batch")
+    phase = plan_memory(cfg, "fp32", checkpointed).phases["backward (the loss)"]
+    return int(sum(t.nbytes for t in phase if t.name in saved))
 
 
 def reference_per_rank_bytes(n_params: int, world_size: int, stage: int) -> float:
