@@ -26,7 +26,7 @@ phase, above what was allocated before the model was made, after warm-up steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -77,7 +77,6 @@ class MemoryPlan:
     phases: dict[str, tuple[Term, ...]]
     context: float = CONTEXT_BYTES
     margin: float = MARGIN
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def peak_phase(self) -> str:
