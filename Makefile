@@ -31,7 +31,8 @@ $(VENV)/.test-installed: tests/requirements.txt tests/constraints.txt pyproject.
 	$(BIN)/python -m pip install -q -c tests/constraints.txt -r tests/requirements.txt -e .
 	touch $@
 
-# make browser-test and make site: JupyterLab, Playwright and nbconvert on top of the test environment.
+# make browser-test and make site: JupyterLab and Playwright, Sphinx, MyST-NB and sphinx-book-theme on top of
+# the test environment.
 $(VENV)/.browser-installed: tests/requirements-browser.txt tests/constraints.txt $(VENV)/.test-installed
 	$(BIN)/python -m pip install -q -c tests/constraints.txt -r tests/requirements-browser.txt
 	touch $@
@@ -77,19 +78,24 @@ compat:
 unit: $(VENV)/.test-installed
 	$(CPU_ONLY) $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
-## ruff over course_utils, tests, tools, benchmarks and the notebooks; mypy over course_utils (part of test)
+## ruff over course_utils, tests, tools, benchmarks and the notebooks; mypy over course_utils; actionlint (with
+## shellcheck) and zizmor over .github/workflows (part of test)
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check course_utils tests tools benchmarks notebooks
 	$(BIN)/mypy course_utils
+	$(BIN)/actionlint -shellcheck=$(BIN)/shellcheck -pyflakes= .github/workflows/*.yml
+	$(BIN)/zizmor --offline --no-progress .github/workflows
 
-## a static HTML version of the course from the stored outputs, in site/ (offline; index = the notebook map)
+## the course as a website in site/ (Sphinx, MyST-NB, sphinx-book-theme) from the stored outputs: search, launch
+## buttons, solutions folded, offline, any warning fails; site/zh/ when notebooks/zh/ has the Chinese edition
 site: $(VENV)/.browser-installed
-	$(BIN)/python tools/build_site.py
+	$(BIN)/python site_src/course_site.py
 
 # Chromium comes from the system (Debian: apt-get install chromium), never from `playwright install`.
 CHROMIUM ?= /usr/bin/chromium
 ## every notebook run in JupyterLab in Debian's Chromium (apt-get install chromium), widgets live, no
-## errors; the site checked; screenshots in test-output/browser/
+## errors; the site checked offline (pages, sidebar, search, solutions, GPU recordings, launch buttons,
+## language switch); screenshots in test-output/browser/
 browser-test: site
 	@test -x $(CHROMIUM) || { echo "browser-test needs Chromium at $(CHROMIUM): apt-get install -y chromium"; exit 1; }
 	$(CPU_ONLY) CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/browser -v --durations=0 $(PYTEST_ARGS)
@@ -101,11 +107,14 @@ binder-check:
 ## re-execute every notebook in place in the pinned CPU environment (their stored outputs)
 refresh: $(VENV)/.test-installed
 	$(BIN)/python tools/refresh_notebooks.py $(NOTEBOOKS)
+	$(BIN)/python tools/translations.py
 
-## regenerate every notebook's badge and setup cells, and README's badges, notebook map and command
-## table, from pyproject.toml, tools/project.py, the notebooks and the Makefile
-sync:
+## regenerate every notebook's badge and setup cells, README's badges, notebook map and command table,
+## and CONTRIBUTING's curriculum and command table, from pyproject.toml, tools/project.py, the notebooks
+## and the Makefile; then the Chinese edition: the catalogues in i18n/zh_CN/, notebooks/zh/, README.zh-CN.md's map
+sync: $(VENV)/.test-installed
 	$(PYTHON) tools/sync_notebooks.py
+	$(BIN)/python tools/translations.py
 
 ## on a GPU host: every notebook and unit test with the GPU visible; outputs not compared; any error fails
 gpu-check:

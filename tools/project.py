@@ -1,6 +1,6 @@
 """What the course is made of, in one place: its repository, its lessons, the code each lesson uses, and
 the make targets. `tools/sync_notebooks.py` writes README's generated parts from here, the tests check
-the notebooks against it, and `tools/build_site.py` links to the repository named here.
+the notebooks against it, and the site (site_src/) links to the repository named here.
 
 - `repository_url()`: ``[project.urls] Repository`` in pyproject.toml (a fork changes that line only).
 - `CURRICULUM`: the lessons in order, as (file stem, title, what it teaches). The notebook set must be
@@ -52,6 +52,9 @@ CURRICULUM: tuple[Lesson, ...] = (
     Lesson("08_fully_sharded_data_parallel", "When the model does not fit: FSDP2",
            "memory anatomy of a training step; activation checkpointing; FSDP2 `fully_shard` on gloo and NCCL; "
            "ZeRO stages measured; distributed checkpoints saved on N ranks, loaded on M"),
+    Lesson("09_when_it_breaks", "When it breaks: a clinic",
+           "memory that grows; device-side asserts; CUDA in forked workers; NaN and inf; nondeterminism; an "
+           "idle GPU; hung ranks; a wrong install: each failure reproduced, diagnosed and fixed"),
 )
 
 APPENDIX = re.compile(r"^9\d_appendix_[a-z0-9_]+$")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Rebuild what is generated: every notebook's badge and setup cells, and README's badges, notebook map
-and command table.
+"""Rebuild what is generated: every notebook's badge and setup cells, README's badges, notebook map and
+command table, and CONTRIBUTING.md's curriculum and command table.
 
 The sources (see tools/project.py): the repository URL in pyproject.toml, the curriculum in
 tools/project.py, the ``course_utils`` imports in each notebook's code cells, and the ``##`` comments of
@@ -13,7 +13,8 @@ source hidden in JupyterLab, a form under ``#@title`` in Colab.
     python tools/sync_notebooks.py            # rewrite what is out of date
     python tools/sync_notebooks.py --check    # exit 1 if anything is out of date (used by the tests)
 
-Only the text of those cells and README's marked blocks change; stored outputs are kept.
+Only the text of those cells and the marked blocks (``<!-- name: ... -->`` to ``<!-- /name -->``) of
+README.md and CONTRIBUTING.md change; stored outputs are kept.
 """
 
 from __future__ import annotations
@@ -173,10 +174,18 @@ def readme_commands() -> str:
     return "\n".join(rows)
 
 
-def _replace_block(text: str, name: str, body: str) -> str:
+def contributing_curriculum() -> str:
+    """CONTRIBUTING's list of the notebook files: every lesson of tools/project.py, then every appendix."""
+    rows = ["| file | title | what it teaches |", "|---|---|---|"]
+    for stem, title, teaches in lessons_and_appendices():
+        rows.append(f"| `notebooks/{stem}.ipynb` | {title} | {teaches or 'for the curious and for maintainers'} |")
+    return "\n".join(rows)
+
+
+def _replace_block(text: str, name: str, body: str, file: str = "README.md") -> str:
     pattern = re.compile(rf"(<!-- {name}:[^\n]*-->\n).*?(\n<!-- /{name} -->)", re.S)
     if not pattern.search(text):
-        sys.exit(f"README.md has no <!-- {name}: ... --> ... <!-- /{name} --> block to fill")
+        sys.exit(f"{file} has no <!-- {name}: ... --> ... <!-- /{name} --> block to fill")
     return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
 
 
@@ -184,6 +193,11 @@ def sync_readme(text: str, url: str) -> str:
     text = _replace_block(text, "badges", readme_badges(url))
     text = _replace_block(text, "notebooks", readme_notebook_map())
     return _replace_block(text, "commands", readme_commands())
+
+
+def sync_contributing(text: str) -> str:
+    text = _replace_block(text, "curriculum", contributing_curriculum(), "CONTRIBUTING.md")
+    return _replace_block(text, "commands", readme_commands(), "CONTRIBUTING.md")
 
 
 def dump(nb: dict) -> str:
@@ -205,14 +219,17 @@ def main() -> int:
             stale.append(path)
             if not args.check:
                 path.write_text(after, encoding="utf-8")
-    readme = ROOT / "README.md"
-    if readme.is_file() and not args.paths:
-        before = readme.read_text(encoding="utf-8")
-        after = sync_readme(before, url)
+    documents = {ROOT / "README.md": lambda text: sync_readme(text, url),
+                 ROOT / "CONTRIBUTING.md": sync_contributing}
+    for document, sync_document in documents.items():
+        if not document.is_file() or args.paths:
+            continue
+        before = document.read_text(encoding="utf-8")
+        after = sync_document(before)
         if after != before:
-            stale.append(readme)
+            stale.append(document)
             if not args.check:
-                readme.write_text(after, encoding="utf-8")
+                document.write_text(after, encoding="utf-8")
     verb = "out of date" if args.check else "updated"
     for path in stale:
         print(f"{verb}: {path.relative_to(ROOT) if path.is_absolute() else path}")

@@ -7,7 +7,7 @@ JupyterLab runs on 127.0.0.1 with a token, temporary config/settings/runtime/wor
 hidden (CUDA_VISIBLE_DEVICES= COURSE_DEVICE=cpu), over a temporary copy of notebooks/, so the committed
 stored outputs are never touched. Playwright drives Debian's Chromium (/usr/bin/chromium, or $CHROMIUM);
 no browser is downloaded. Every request that leaves 127.0.0.1 (or, for the site, file://) is blocked, and
-fails the test unless it is a remote image of a markdown cell (the Binder and Colab badges).
+fails the test unless it is a remote image of a markdown cell in JupyterLab (the Binder and Colab badges).
 
 For each notebook: open it, wait for the kernel, run all cells (JupyterLab's own `notebook:run-all-cells`),
 wait until it finishes and the kernel is idle, then assert that
@@ -18,9 +18,14 @@ wait until it finishes and the kernel is idle, then assert that
     (ipywidgets DOM, not the text repr such as "HBox(children=..."), and a slider or dropdown of the
     course's `live` panels changes the output when moved,
 and save a screenshot in test-output/browser/ (NN_name.png, plus NN_name-widget.png at the first widget).
-The site (site/, `make site`): every page opens from index.html's links, has no broken image (each <img>
-loaded with naturalWidth > 0; as many as the notebook has stored plots), and fetches nothing from the
-network; a screenshot of each page goes to test-output/browser/site-*.png.
+The site (site/, `make site`), opened from disk (file://) with every other request blocked, and failing on any
+console error: every page of each edition (site/, and site/zh/ when built) loads with no broken image or link
+and every stored plot shown; the sidebar lists the notebooks in file-name order (lessons, then appendices)
+with previous/next links; the search box finds pin_memory, reshard_after_forward and CUDA_VISIBLE_DEVICES in
+their notebooks and opens them at the section; a solution is folded until clicked; a recorded GPU output
+shows its banner and plot; the Binder, Colab and repository buttons point at pyproject's Repository; the
+language switch leads to the same page in the other edition and Chinese search finds 固定内存 (skipped when
+site/zh/ is not built). Screenshots: test-output/browser/site-*.png.
 """
 
 from __future__ import annotations
@@ -344,57 +349,158 @@ def assert_widget_is_live(page) -> None:
         page.wait_for_timeout(250)
 
 
-def site_pages() -> list[str]:
-    return ["index.html"] + [f"{p.stem}.html" for p in NOTEBOOKS]
+# --- the static site (site/, `make site`: Sphinx + MyST-NB + sphinx-book-theme) ------------------------------
+
+SITE_EDITIONS = [("en", SITE, NOTEBOOKS)] + (
+    [("zh", SITE / "zh", sorted((ROOT / "notebooks" / "zh").glob("*.ipynb")))] if (SITE / "zh").is_dir() else [])
+# Each term, the notebook that teaches it, and the heading of the section its result opens at.
+SEARCH_TERMS = [("pin_memory", "02_moving_data", "Pinned memory and non_blocking"),
+                ("reshard_after_forward", "08_fully_sharded_data_parallel", "FSDP2: shard parameters"),
+                ("CUDA_VISIBLE_DEVICES", "03_torch_cuda_api", "Physical and logical GPUs")]
 
 
-def test_static_site_renders_offline(browser):
+@pytest.fixture(scope="session")
+def site():
+    """site/, built by `make site` (here when it is missing)."""
     if not (SITE / "index.html").exists():
-        subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py")], check=True, cwd=ROOT)
+        subprocess.run([sys.executable, str(ROOT / "site_src" / "course_site.py")], check=True, cwd=ROOT)
     OUTPUT.mkdir(parents=True, exist_ok=True)
+    return SITE
+
+
+@pytest.fixture
+def site_page(browser, site):
+    """A page offline (file:// only) that records console errors and network requests; checked after the test."""
     context, blocked = offline_context(browser, ("file://",))
     page = context.new_page()
-    index = (SITE / "index.html").resolve().as_uri()
-    page.goto(index)
-    links = page.eval_on_selector_all("main a[href$='.html']", "els => els.map(e => e.getAttribute('href'))")
-    assert sorted(set(links)) == sorted(f"{p.stem}.html" for p in NOTEBOOKS), \
-        f"the index should link every notebook page: {links}"
-    page.screenshot(path=str(OUTPUT / "site-index.png"))
-    problems = []
-    for i, href in enumerate(sorted(set(links))):
-        page.goto(index)
-        page.click(f"main a[href='{href}']")
-        page.wait_for_load_state("load")
-        assert page.url.endswith("/" + href)
-        images = page.eval_on_selector_all(
-            "img", "els => els.map(e => ({src: e.src.slice(0, 40), ok: e.complete && e.naturalWidth > 0}))")
-        broken = [im["src"] for im in images if not im["ok"]]
-        if broken:
-            problems.append(f"{href}: {len(broken)} broken image(s): {broken[:3]}")
-        expected = stored_images(NOTEBOOKS[i])
-        if len(images) < expected:
-            problems.append(f"{href}: {len(images)} images, the notebook stores {expected} plots")
-        if not page.locator(".jp-Cell").count():
-            problems.append(f"{href}: no notebook cells rendered")
-        solutions = page.locator("details.course-solution")
-        if solutions.count() != solution_cells(NOTEBOOKS[i]):
-            problems.append(f"{href}: {solutions.count()} collapsed solutions, the notebook has "
-                            f"{solution_cells(NOTEBOOKS[i])} solution cells")
-        for k in range(solutions.count()):
-            code = solutions.nth(k).locator("pre.course-solution-code")
-            if code.is_visible():
-                problems.append(f"{href}: solution {k + 1} is open before a click")
-            solutions.nth(k).locator("summary").click()
-            if not code.is_visible():
-                problems.append(f"{href}: solution {k + 1} does not open on a click")
-        for rel in ("prev", "next"):
-            nav = page.locator(f"nav.course-nav a[rel={rel}]")
-            if nav.count() and not (SITE / nav.first.get_attribute("href")).exists():
-                problems.append(f"{href}: {rel} link is broken")
-        for a in page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))"):
-            if not re.match(r"^(https?:|#|mailto:)", a) and not (SITE / a.split("#")[0]).exists():
-                problems.append(f"{href}: link {a!r} leads nowhere")
-        page.screenshot(path=str(OUTPUT / f"site-{Path(href).stem}.png"))
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
     context.close()
-    assert not problems, "\n".join(problems)
     assert not blocked, f"the site fetched from the network: {blocked[:5]}"
+    assert not errors, f"console errors: {errors[:5]}"
+
+
+def open_site(page, rel: str) -> None:
+    page.goto((SITE / rel).resolve().as_uri())
+    page.wait_for_load_state("load")
+
+
+@pytest.mark.parametrize("lang,folder,notebooks", SITE_EDITIONS, ids=[e[0] for e in SITE_EDITIONS])
+def test_site_pages_load_offline(site_page, lang, folder, notebooks):
+    """Every page of an edition: no error, no request, no broken image or link, every stored plot shown."""
+    page, problems = site_page, []
+    pages = ["index.html", "search.html", "genindex.html"] + [f"{p.stem}.html" for p in notebooks]
+    for name in pages:
+        open_site(page, str((folder / name).relative_to(SITE)))
+        images = page.eval_on_selector_all(
+            "img", "els => els.map(e => ({src: e.src.slice(0, 60), ok: e.complete && e.naturalWidth > 0}))")
+        problems += [f"{name}: broken image {im['src']}" for im in images if not im["ok"]]
+        stem = name.removesuffix(".html")
+        if (folder_nb := next((p for p in notebooks if p.stem == stem), None)) is not None:
+            plots = page.locator("article .cell_output img").count()
+            if plots < stored_images(folder_nb):
+                problems.append(f"{name}: {plots} plots, the notebook stores {stored_images(folder_nb)}")
+        for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))"):
+            target = href.split("#")[0].split("?")[0]
+            if target and not re.match(r"^(https?:|mailto:)", href) and not (folder / target).exists():
+                problems.append(f"{name}: link {href!r} leads nowhere")
+        page.screenshot(path=str(OUTPUT / f"site-{lang}-{stem}.png"))
+    assert not problems, "\n".join(problems)
+
+
+def test_site_sidebar_in_course_order(site_page):
+    open_site(site_page, "index.html")
+    sidebar = site_page.eval_on_selector_all(
+        ".bd-sidenav a.reference.internal", "els => els.map(e => e.getAttribute('href'))")
+    assert [h for h in sidebar if h != "#"] == [f"{p.stem}.html" for p in NOTEBOOKS], sidebar
+    index_links = site_page.eval_on_selector_all("article a[href$='.html']", "els => els.map(e => e.getAttribute('href'))")
+    assert sorted(set(index_links)) == [f"{p.stem}.html" for p in NOTEBOOKS], "the notebook map links every page"
+    open_site(site_page, f"{NOTEBOOKS[1].stem}.html")  # previous / next at the bottom of a lesson
+    assert site_page.get_attribute("a.left-prev", "href") == f"{NOTEBOOKS[0].stem}.html"
+    assert site_page.get_attribute("a.right-next", "href") == f"{NOTEBOOKS[2].stem}.html"
+
+
+def search(page, term: str) -> list[str]:
+    """Type the term into the theme's search box; the result links on search.html."""
+    page.locator(".search-button-field").first.click()
+    page.locator("input[name=q]:visible").fill(term)
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/search.html?q=*")
+    page.wait_for_selector("#search-results ul li a", timeout=15_000)
+    return page.eval_on_selector_all("#search-results ul li a", "els => els.map(e => e.getAttribute('href'))")
+
+
+@pytest.mark.parametrize("term,notebook,section", SEARCH_TERMS, ids=[t[0] for t in SEARCH_TERMS])
+def test_site_search_finds(site_page, term, notebook, section):
+    open_site(site_page, "index.html")
+    results = search(site_page, term)
+    assert results and results[0].startswith(f"{notebook}.html"), f"{term}: {results[:5]}"
+    site_page.locator("#search-results ul li a").first.click()
+    site_page.wait_for_load_state("load")
+    site_page.wait_for_timeout(500)  # the scroll to the first match
+    hit = site_page.locator("article section section span.highlighted").first
+    assert hit.is_visible() and hit.evaluate("e => e.getBoundingClientRect().top") < VIEWPORT["height"], \
+        f"{term}: the page does not open at its first match"
+    heading = hit.evaluate("e => e.closest('article section section').querySelector('h2').textContent")
+    assert section in heading, f"{term}: opens in section {heading!r}"
+    site_page.screenshot(path=str(OUTPUT / f"site-search-{term}.png"))
+
+
+def test_site_solution_hidden_until_clicked(site_page):
+    path = next(p for p in NOTEBOOKS if solution_cells(p))
+    open_site(site_page, f"{path.stem}.html")
+    toggles = site_page.locator("details.hide.above-input")
+    assert toggles.count() == solution_cells(path)
+    code = toggles.first.locator(".cell_input")
+    assert not code.is_visible(), "a solution is shown before a click"
+    toggles.first.locator("summary").click()
+    assert code.is_visible(), "a solution does not open on a click"
+    code.scroll_into_view_if_needed()
+    site_page.screenshot(path=str(OUTPUT / "site-solution-open.png"))
+
+
+def test_site_recorded_gpu_output(site_page):
+    """01's matmul sweep: the recording's banner, its text and its plot, under the %%gpu cell."""
+    open_site(site_page, "01_cpu_vs_gpu.html")
+    cell = site_page.locator("div.cell").filter(has_text="%%gpu 01-matmul-sweep")
+    banner = cell.get_by_text("Recorded output (this machine has no CUDA GPU)")
+    plot = cell.locator(".cell_output img")
+    banner.scroll_into_view_if_needed()
+    assert banner.is_visible() and "H200" in banner.inner_text()
+    assert plot.is_visible() and plot.evaluate("e => e.naturalWidth") > 100
+    site_page.screenshot(path=str(OUTPUT / "site-gpu-recording.png"))
+
+
+def test_site_launch_buttons(site_page):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from project import repository_url
+
+    repo = repository_url().removeprefix("https://github.com/")
+    open_site(site_page, "02_moving_data.html")
+    hrefs = site_page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
+    assert f"https://mybinder.org/v2/gh/{repo}/main?urlpath=lab/tree/notebooks/02_moving_data.ipynb" in hrefs
+    assert f"https://colab.research.google.com/github/{repo}/blob/main/notebooks/02_moving_data.ipynb" in hrefs
+    assert f"https://github.com/{repo}" in hrefs  # the repository button
+    assert not site_page.locator("img[src^='http']").count(), "a remote image (the notebook's badges?)"
+
+
+def test_site_language_switch(site_page):
+    if not (SITE / "zh").is_dir():
+        open_site(site_page, "index.html")
+        assert not site_page.locator(".course-language-switch").count(), "a switch to an edition not built"
+        pytest.skip("no Chinese edition (notebooks/zh/) in site/")
+    open_site(site_page, "02_moving_data.html")
+    site_page.click(".course-language-switch")
+    site_page.wait_for_load_state("load")
+    assert site_page.url.endswith("/zh/02_moving_data.html")
+    assert site_page.get_attribute("html", "lang") == "zh-CN"
+    site_page.screenshot(path=str(OUTPUT / "site-zh-switch.png"))
+    results = search(site_page, "固定内存")
+    assert any(r.startswith("02_moving_data.html") for r in results), results
+    site_page.screenshot(path=str(OUTPUT / "site-zh-search.png"))
+    open_site(site_page, "zh/02_moving_data.html")
+    site_page.click(".course-language-switch")
+    site_page.wait_for_load_state("load")
+    assert site_page.url.endswith("/site/02_moving_data.html")

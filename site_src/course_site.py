@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""The course's website: ``python site_src/course_site.py`` (``make site``) builds site/ and, when
+notebooks/zh/ has notebooks, the Chinese edition in site/zh/; this module is also the Sphinx extension that
+conf.py loads.
+
+Each edition's sources are staged in build/site-src/LANG/: a copy of its notebooks (every ``*.ipynb`` of its
+folder, sorted by file name, so a new lesson needs nothing here) and ``index.md``, the landing page, made
+from its README's ``<!-- notebooks: -->`` block with a table of contents in file-name order (lessons, then
+appendices). Sphinx runs with ``-W --keep-going -n``: any warning (a broken link between notebooks, an
+unknown heading anchor, a missing image) fails the build; it names the staged copy
+(build/site-src/en/02_moving_data.ipynb is notebooks/02_moving_data.ipynb). As the extension it
+  - reads every notebook through `read_notebook`: the badge cell (tag ``course-badges``) is dropped (the
+    theme's launch buttons replace it), a ``solution`` cell gets MyST-NB's ``hide-input`` toggle, widget
+    views (they need a widget manager from a CDN) give way to the static output every widget cell has;
+  - sends links to other repository files (``../README.md``, ``course_utils/x.py``) to the repository on
+    GitHub (pyproject's ``Repository``), and links to the other edition's notebooks to its pages;
+  - puts a language switch (English <-> 中文) on every page when both editions are built;
+  - gives Chinese search (Sphinx uses jieba) the terms of i18n/zh_CN/GLOSSARY.md as words.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+from urllib.parse import unquote
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+
+from project import APPENDIX, ROOT  # noqa: E402
+
+SITE = ROOT / "site"
+STAGING = ROOT / "build" / "site-src"
+GLOSSARY = ROOT / "i18n" / "zh_CN" / "GLOSSARY.md"
+SEARCH_WORDS = "search-words.txt"  # jieba's user dictionary, staged beside the Chinese sources
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# A search result opens its page at the first match. Sphinx would highlight the search's words there, but
+# skips it wherever searchtools.js is loaded (the theme's search-as-you-type loads it on every page): so
+# highlight them here, once images have their size, and scroll to the first in a section (past the intro).
+SCROLL_TO_MATCH = """window.addEventListener("load", () => {
+  if (typeof SphinxHighlight === "undefined" || location.pathname.endsWith("/search.html")) return;
+  SphinxHighlight.highlightSearchWords();  // (a no-op when Sphinx did it) highlights after 10 ms
+  setTimeout(() => {
+    const hit = document.querySelector("article section section span.highlighted")
+      || document.querySelector("article span.highlighted");
+    if (hit) hit.scrollIntoView({block: "center"});
+  }, 50);
+});"""
+
+
+class Edition(NamedTuple):
+    language: str  # Sphinx's `language`
+    folder: str  # its notebooks, relative to the repository root
+    readme: str  # its README (title, introduction and notebook map)
+    out: str  # its folder in site/
+    label: str  # its name in the language switch
+    captions: tuple[str, str]  # the sidebar's two parts: lessons, appendices
+    solution: tuple[str, str]  # the toggle of a solution cell: show, hide
+    widget_note: str  # shown instead of live ipywidgets
+
+
+EDITIONS = (
+    Edition("en", "notebooks", "README.md", "", "English", ("Lessons", "Appendices"),
+            ("Show the solution", "Hide the solution"),
+            "Interactive controls (ipywidgets) go here when the notebook runs in JupyterLab, Binder or Colab; "
+            "below is the output they first show."),
+    Edition("zh_CN", "notebooks/zh", "README.zh-CN.md", "zh", "中文", ("课程", "附录"),
+            ("显示参考答案", "隐藏参考答案"),
+            "在 JupyterLab、Binder 或 Colab 中运行笔记本时，这里是可以操作的交互控件（ipywidgets）；"
+            "下面是它们最初显示的输出。"),
+)
+
+
+def edition(language: str) -> Edition:
+    return next((e for e in EDITIONS if e.language == language), EDITIONS[0])
+
+
+def notebooks(e: Edition) -> list[Path]:
+    return sorted((ROOT / e.folder).glob("*.ipynb"))
+
+
+def built_editions() -> list[Edition]:
+    """English always; another edition when its folder has notebooks."""
+    return [e for e in EDITIONS if e is EDITIONS[0] or notebooks(e)]
+
+
+# --- the sources of one edition ------------------------------------------------------------------------
+
+def landing_page(e: Edition, pages: list[Path]) -> str:
+    """index.md: the README's title, introduction and notebook map, and the table of contents."""
+    readme = ROOT / e.readme
+    text = readme.read_text(encoding="utf-8") if readme.exists() else ""
+    block = re.search(r"<!-- notebooks:.*?-->\n(.*?)<!-- /notebooks -->", text, re.S)
+    title = re.search(r"^# (.+)$", text, re.M)
+    if not block or not title:
+        sys.exit(f"{e.readme} needs a '# title' and a <!-- notebooks: --> block: the site's landing page")
+    heading = re.findall(r"^## .+$", text[:block.start()], re.M)[-1:]
+    intro = re.sub(r"<!-- (\w+):.*?<!-- /\1 -->", "", text[title.end():].split("\n## ", 1)[0], flags=re.S)
+    # Paragraphs that point at the other README are the site's language switch now.
+    paragraphs = [p for p in intro.split("\n\n") if p.strip() and "](README" not in p]
+    lessons = [p.stem for p in pages if not APPENDIX.match(p.stem)]
+    appendices = [p.stem for p in pages if APPENDIX.match(p.stem)]
+    toc = "".join(f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n\n" + "\n".join(stems) + "\n```\n"
+                  for caption, stems in zip(e.captions, (lessons, appendices), strict=True) if stems)
+    return "\n\n".join([title.group(0), *paragraphs, *heading, block.group(1)]) + "\n" + toc
+
+
+def stage(e: Edition) -> Path:
+    """build/site-src/LANG: the edition's notebooks (copies), index.md and, for Chinese, search words."""
+    src = STAGING / e.language
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    pages = notebooks(e)
+    for path in pages:
+        shutil.copy2(path, src / path.name)
+    (src / "index.md").write_text(landing_page(e, pages), encoding="utf-8")
+    if e.language.startswith("zh") and GLOSSARY.exists():
+        # The glossary's Chinese column: jieba then keeps 固定内存 whole, so searching it finds it.
+        terms = re.findall(r"^\|[^|\n]+\|\s*([\u4e00-\u9fff]+)\s*\|", GLOSSARY.read_text(encoding="utf-8"), re.M)
+        (src / SEARCH_WORDS).write_text("".join(f"{t} 100000\n" for t in sorted(set(terms))), encoding="utf-8")
+    return src
+
+
+# --- the extension ---------------------------------------------------------------------------------------
+
+def read_notebook(text: str, language: str = "en") -> Any:
+    """MyST-NB's reader for .ipynb (nb_custom_formats): the notebook as the site shows it."""
+    import nbformat
+
+    e = edition(language)
+    nb = nbformat.reads(text, as_version=4)
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        tags = cell.metadata.setdefault("tags", [])
+        if "course-badges" in tags:
+            tags.append("remove-cell")
+        if cell.cell_type != "code":
+            continue
+        if "solution" in tags:
+            tags.append("hide-input")
+            cell.metadata["mystnb"] = {"code_prompt_show": e.solution[0], "code_prompt_hide": e.solution[1]}
+            cell.source = re.sub(r"\A#@title[^\n]*\n", "", cell.source)  # Colab's form title
+        outputs = []
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_VIEW not in data:
+                outputs.append(out)
+            elif re.match(r"[A-Z]\w*\(", "".join(data.get("text/plain", ""))):  # a panel: HBox(...)
+                note = f'<p class="course-widget-note"><em>{e.widget_note}</em></p>'
+                outputs.append(nbformat.v4.new_output("display_data", data={"text/html": note}))
+            # else a progress bar (tqdm): left out
+        cell.outputs = outputs
+    return nb
+
+
+def on_config_inited(app: Any, config: Any) -> None:
+    """What differs between editions: title, notebook folder, reader language, search words."""
+    e = edition(config.language)
+    config.project = config.html_title = re.search(r"^# (.+)$", (ROOT / e.readme).read_text(encoding="utf-8"),
+                                                   re.M).group(1)
+    config.html_theme_options["path_to_docs"] = e.folder
+    config.nb_custom_formats = {".ipynb": ["course_site.read_notebook", {"language": e.language}, False]}
+    words = Path(app.srcdir) / SEARCH_WORDS
+    if words.exists():
+        config.html_search_options = {"dict": str(words)}
+
+
+def link_target(e: Edition, docname: str, target: str, repo: str) -> str | None:
+    """Where a link that is not a page of this edition goes: another edition's page, a repository file on
+    GitHub, or None (then MyST reports it and the strict build fails)."""
+    here = ROOT / (e.readme if docname == "index" else f"{e.folder}/{docname}.ipynb")
+    path, _, fragment = target.partition("#")
+    file = Path(os.path.normpath(here.parent / unquote(path)))
+    anchor = f"#{fragment}" if fragment else ""
+    for other in built_editions():
+        if file.suffix == ".ipynb" and file.parent == ROOT / other.folder and file.exists():
+            return posixpath.relpath(posixpath.join(other.out, f"{file.stem}.html"), e.out or ".") + anchor
+    if file.exists() and file.is_relative_to(ROOT):
+        kind = "tree" if file.is_dir() else "blob"
+        return f"{repo}/{kind}/main/{file.relative_to(ROOT).as_posix()}{anchor}"
+    return None
+
+
+def on_doctree_read(app: Any, doctree: Any) -> None:
+    """Links MyST could not place (files outside the edition's sources): see link_target."""
+    from docutils import nodes
+    from sphinx import addnodes
+
+    e = edition(app.config.language)
+    docname = app.env.docname
+    for node in list(doctree.findall(addnodes.pending_xref)):
+        if node.get("reftype") != "myst" or node.get("refdomain"):
+            continue
+        target = node["reftarget"]
+        if docname == "index" and target.startswith(f"{e.folder}/") and target.split("#")[0].endswith(".ipynb"):
+            # README's map: notebooks/NN.ipynb is a page of this edition; MyST checks it and its anchor.
+            page, _, fragment = target[len(e.folder) + 1:].partition("#")
+            if (ROOT / e.folder / page).exists():
+                node["refdomain"], node["reftarget"] = "doc", page[:-len(".ipynb")]
+                node["reftargetid"] = fragment or None
+                continue
+        url = link_target(e, docname, target, app.config.html_theme_options["repository_url"])
+        if url is not None:
+            node.replace_self(nodes.reference("", "", *node.children, refuri=url, internal=False))
+
+
+def on_html_page_context(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
+    """The language switch: the same page in the other edition (its index when it lacks that notebook)."""
+    e = edition(app.config.language)
+    context["language_switch"] = None
+    for other in built_editions():
+        if other is e:
+            continue
+        same = pagename in ("index", "search", "genindex") or (ROOT / other.folder / f"{pagename}.ipynb").exists()
+        url = posixpath.relpath(posixpath.join(other.out, f"{pagename if same else 'index'}.html"), e.out or ".")
+        context["language_switch"] = {"label": other.label, "url": url, "lang": other.language.replace("_", "-")}
+
+
+def setup(app: Any) -> dict[str, Any]:
+    try:  # Sphinx's Chinese search splits words with jieba: no "Building prefix dict..." in the build log
+        import jieba
+
+        jieba.setLogLevel(logging.WARNING)
+    except ImportError:
+        pass
+    app.add_js_file(None, body=SCROLL_TO_MATCH)
+    app.connect("config-inited", on_config_inited, priority=400)  # before MyST-NB reads its configuration
+    app.connect("doctree-read", on_doctree_read)
+    app.connect("html-page-context", on_html_page_context)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+# --- the build -------------------------------------------------------------------------------------------
+
+def main() -> int:
+    try:
+        import myst_nb  # noqa: F401
+        import sphinx_book_theme  # noqa: F401
+        from sphinx.cmd.build import build_main
+    except ImportError as exc:
+        sys.exit(f"the site needs Sphinx, MyST-NB and sphinx-book-theme ({exc}); `make site` installs them, "
+                 "or: pip install -c tests/constraints.txt -r tests/requirements-browser.txt")
+    shutil.rmtree(SITE, ignore_errors=True)
+    for e in built_editions():
+        # MyST-NB writes beside the output folder (jupyter_execute/), so Sphinx writes in build/ first.
+        html = STAGING / f"{e.language}-out" / "html"
+        shutil.rmtree(html.parent, ignore_errors=True)
+        args = ["-W", "--keep-going", "-n", "-q", "-c", str(HERE), "-d", str(html.parent / "doctrees"),
+                "-D", f"language={e.language}", str(stage(e)), str(html)]
+        if status := build_main(args):
+            return status
+        for source_map in html.rglob("*.map"):  # the theme's source maps: for its developers, 3 MB
+            source_map.unlink()
+        shutil.move(html, SITE / e.out)
+        print(f"{e.label}: {len(notebooks(e))} notebooks -> {(SITE / e.out).relative_to(ROOT)}/index.html")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The Chinese edition stays in step with the English one: every markdown block has a current translation,
+the glossary is followed, the generated notebooks are exactly what `make sync` writes, and their code is the
+English code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polib
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import translations as tr  # noqa: E402  (tools/translations.py)
+
+NOTEBOOKS = tr.english_notebooks()
+IDS = [p.stem for p in NOTEBOOKS]
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def catalogue(path: Path) -> polib.POFile:
+    po_path = tr.CATALOGUES / f"{path.stem}.po"
+    assert po_path.is_file(), f"{path.name} has no catalogue {po_path.relative_to(ROOT)}: run make sync"
+    return polib.pofile(str(po_path))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_block_has_a_current_translation(path):
+    found = tr.problems(load(path), catalogue(path))
+    assert not found, f"{path.name}: {len(found)} block(s) without a current Chinese translation " \
+        f"(i18n/zh_CN/{path.stem}.po):\n" + "\n".join(f"  cell {i}: {what}: {words!r}" for i, what, words in found)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_translation_follows_the_glossary(path):
+    misses = tr.glossary_misses(catalogue(path), tr.glossary())
+    assert not misses, f"{path.name}: glossary terms not rendered as i18n/zh_CN/GLOSSARY.md says:\n" + \
+        "\n".join(f"  {english!r} → {rendering!r} in {words!r}" for words, english, rendering in misses)
+
+
+def test_the_generated_parts_are_translated():
+    po = polib.pofile(str(tr.COURSE_PO))
+    missing = [e.msgid for e in po if not e.obsolete and (not e.msgstr or "fuzzy" in e.flags)]
+    assert not missing, f"i18n/zh_CN/course.po: untranslated or stale: {missing}"
+
+
+def test_chinese_notebooks_are_what_make_sync_writes():
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "translations.py"), "--check"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, f"run `make sync`:\n{result.stdout}{result.stderr}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_code_is_the_same_in_both_editions(path):
+    english, chinese = load(path), load(tr.ZH_NOTEBOOKS / path.name)
+    assert len(english["cells"]) == len(chinese["cells"])
+    for i, (en, zh) in enumerate(zip(english["cells"], chinese["cells"], strict=True)):
+        assert en["cell_type"] == zh["cell_type"], f"cell {i}"
+        if en["cell_type"] != "code":
+            continue
+        if "course-setup" in en["metadata"].get("tags", []):
+            assert "".join(zh["source"]).startswith("".join(en["source"])), f"{path.name} setup cell"
+            continue
+        assert en["source"] == zh["source"], f"{path.name} cell {i}: the code differs"
+        assert en["outputs"] == zh["outputs"], f"{path.name} cell {i}: the outputs differ"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_chinese_links_resolve(path):
+    """A link to a notebook goes to the Chinese one beside it; other relative links go one folder up."""
+    zh = load(tr.ZH_NOTEBOOKS / path.name)
+    for i, cell in enumerate(zh["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        for target in tr._RELATIVE_LINK.findall("".join(cell["source"])):
+            file = target.split("#")[0]
+            assert (tr.ZH_NOTEBOOKS / file).resolve().exists(), f"{path.name} cell {i}: broken link {target}"
+
+
+# --- the tool itself -----------------------------------------------------------------------------------
+
+def test_blocks_rebuild_the_cell_and_leave_code_out():
+    text = "## 1. Title\n\nA paragraph\nover two lines.\n\n```python\nx = 1\n\ny = 2\n```\n- a list\n- of two\n\n---\n"
+    parts = tr.split_blocks(text)
+    assert tr._join(parts) == text
+    blocks = [p for p in parts if isinstance(p, tr.Block)]
+    assert [b.text for b in blocks if b.translatable] == ["## 1. Title", "A paragraph\nover two lines.",
+                                                         "- a list\n- of two"]
+    assert any(b.text.startswith("```") and not b.translatable for b in blocks)
+
+
+def test_changed_english_makes_the_old_translation_fuzzy_and_the_test_names_the_cell():
+    po = tr.new_catalogue("x.ipynb")
+    po.append(polib.POEntry(msgid="Pinned memory makes copies faster.", msgstr="固定内存让拷贝更快。"))
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["Pinned memory makes copies much faster."]}]}
+    merged = tr.merge(po, tr.notebook_msgids(nb, "x.ipynb"))
+    entry = merged.find("Pinned memory makes copies much faster.")
+    assert entry.msgstr == "固定内存让拷贝更快。" and "fuzzy" in entry.flags
+    assert entry.previous_msgid == "Pinned memory makes copies faster."
+    assert tr.problems(nb, merged) == [(0, "stale (fuzzy: the English changed)",
+                                        "Pinned memory makes copies much faster.")]
+    assert tr.translations(merged) == {}  # a stale translation is not used: the English shows instead
+
+
+def test_structure_and_glossary_checks_catch_a_careless_translation():
+    english = "## 2. Pinned memory: `pin_memory=True` reaches 55 GB/s\n- a\n- b"
+    assert tr.structure_problems(english, "## 2. 固定内存：`pin_memory=True` 达到 55 GB/s\n- 甲\n- 乙") == []
+    problems = tr.structure_problems(english, "### 锁页内存：`pin_memory` 很快\n- 甲")
+    assert len(problems) == 4  # inline code, numbers, heading level, list items
+    po = tr.new_catalogue("x.ipynb")
+    po.append(polib.POEntry(msgid=english, msgstr="## 2. 锁页内存：`pin_memory=True` 达到 55 GB/s\n- 甲\n- 乙"))
+    assert tr.glossary_misses(po, tr.glossary()) == [(english[:60].replace("\n", " "), "pinned memory", "固定内存")]
