@@ -1,4 +1,4 @@
-"""The workers of notebook 05 (DistributedDataParallel): collectives, gradients three ways, and what
+"""The workers of notebook 05 (DistributedDataParallel; notebook 09 prints their source): collectives, gradients three ways, and what
 production DDP needs (no_sync, BatchNorm and SyncBatchNorm, unused parameters, a hung rank, debug reports).
 
 Each runs in its own process, started by `course_utils.launch.launch` with the process group already set

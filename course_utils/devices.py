@@ -1,4 +1,4 @@
-"""Notebooks 00, 01, 02, 06 and 07 (and every helper that needs a device): which devices this machine has,
+"""Notebooks 00, 01, 02, 06, 07 and 09 (and every helper that needs a device): which devices this machine has,
 and a checked way to ask for one.
 
 `get_device()` is what every notebook calls. It picks the best device present (CUDA, then Apple's

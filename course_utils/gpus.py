@@ -1,5 +1,5 @@
 """Notebook 03 (the torch.cuda API): which GPUs does this machine have, how much memory is free on each,
-and which should a job use? Notebooks 02, 03 and 07 also use `run_python`, to show what happens in
+and which should a job use? Notebooks 02, 03, 07 and 09 also use `run_python`, to show what happens in
 a fresh process (before CUDA starts, before anything was cached, or after a failed CUDA graph capture).
 
 Choosing GPUs happens *before* CUDA starts in the process: ``CUDA_VISIBLE_DEVICES`` is read once, when

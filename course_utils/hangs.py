@@ -16,7 +16,8 @@ import faulthandler
 import linecache
 import re
 import tempfile
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -43,6 +44,25 @@ def where_it_waits(dump: str, module_file: str = __file__) -> list[str]:
     return found
 
 
+@contextmanager
+def _watched(report: dict[str, Any], dump_after: float | None) -> Iterator[None]:
+    """Runs the ``with`` body of a worker: a collective's timeout ends it and its message's first line goes
+    into ``report["error"]``; with ``dump_after``, `faulthandler` writes every thread's stack that many
+    seconds in (once, unless the body ends first), and ``report["waits_in"]`` gets this module's frames."""
+    with tempfile.TemporaryFile("w+") as dump:
+        if dump_after is not None:
+            faulthandler.dump_traceback_later(dump_after, file=dump)
+        try:
+            yield
+        except RuntimeError as exc:
+            report["error"] = error_message(exc).splitlines()[0]
+        finally:
+            if dump_after is not None:
+                faulthandler.cancel_dump_traceback_later()
+        dump.seek(0)
+        report["waits_in"] = where_it_waits(dump.read())
+
+
 def uneven_epoch(rank: int, world_size: int, join: bool = False, dump_after: float | None = None) -> dict[str, Any]:
     """One epoch of DDP on this rank's `BATCHES` batches, then a barrier (as before saving a checkpoint).
 
@@ -57,25 +77,15 @@ def uneven_epoch(rank: int, world_size: int, join: bool = False, dump_after: flo
     gen = torch.Generator().manual_seed(rank)
     batches = [torch.randn(4, 8, generator=gen) for _ in range(BATCHES.get(rank, 2))]
     report: dict[str, Any] = {"rank": rank, "batches": len(batches), "steps": 0, "error": None, "waits_in": []}
-    with tempfile.TemporaryFile("w+") as dump:
-        if dump_after is not None:
-            faulthandler.dump_traceback_later(dump_after, file=dump)  # once, unless cancelled first
-        try:
-            with Join([model]) if join else nullcontext():
-                for x in batches:
-                    loss = model(x).pow(2).mean()
-                    loss.backward()  # DDP all-reduces the gradients here: every rank must take part
-                    opt.step()
-                    opt.zero_grad()
-                    report["steps"] += 1
-            dist.barrier()  # the end of the epoch: every rank meets here
-        except RuntimeError as exc:
-            report["error"] = error_message(exc).splitlines()[0]
-        finally:
-            if dump_after is not None:
-                faulthandler.cancel_dump_traceback_later()
-        dump.seek(0)
-        report["waits_in"] = where_it_waits(dump.read())
+    with _watched(report, dump_after):
+        with Join([model]) if join else nullcontext():
+            for x in batches:
+                loss = model(x).pow(2).mean()
+                loss.backward()  # DDP all-reduces the gradients here: every rank must take part
+                opt.step()
+                opt.zero_grad()
+                report["steps"] += 1
+        dist.barrier()  # the end of the epoch: every rank meets here
     return report
 
 
@@ -85,18 +95,8 @@ def log_on_one_rank(rank: int, world_size: int, dump_after: float | None = None)
     `uneven_epoch`."""
     report: dict[str, Any] = {"rank": rank, "error": None, "waits_in": []}
     loss = torch.tensor([1.0 + rank])
-    with tempfile.TemporaryFile("w+") as dump:
-        if dump_after is not None:
-            faulthandler.dump_traceback_later(dump_after, file=dump)
-        try:
-            if rank == 0:
-                dist.all_reduce(loss)  # the mean loss for the log, asked of every rank by rank 0 only
-            dist.barrier()
-        except RuntimeError as exc:
-            report["error"] = error_message(exc).splitlines()[0]
-        finally:
-            if dump_after is not None:
-                faulthandler.cancel_dump_traceback_later()
-        dump.seek(0)
-        report["waits_in"] = where_it_waits(dump.read())
+    with _watched(report, dump_after):
+        if rank == 0:
+            dist.all_reduce(loss)  # the mean loss for the log, asked of every rank by rank 0 only
+        dist.barrier()
     return report

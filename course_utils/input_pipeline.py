@@ -1,4 +1,4 @@
-"""Notebook 07: data sets for measuring an input pipeline.
+"""Notebooks 07 and 09: data sets for measuring an input pipeline.
 
 `SlowReads` stands for files on slow storage: each item costs time spent waiting, not computing, so
 worker processes overlap the waits even on a machine with few cores.

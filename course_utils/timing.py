@@ -1,4 +1,4 @@
-"""Notebooks 00, 01, 02, 04, 07 and 08 (and every measuring helper): timing done right, synchronised, warmed up,
+"""Notebooks 00, 01, 02, 04, 07, 08 and 09 (and every measuring helper): timing done right, synchronised, warmed up,
 repeated, summarised by the median.
 
 GPU work is asynchronous: a CUDA call returns as soon as the kernel is queued, so reading a host clock

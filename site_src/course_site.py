@@ -37,7 +37,6 @@ from project import APPENDIX, ROOT  # noqa: E402
 
 SITE = ROOT / "site"
 STAGING = ROOT / "build" / "site-src"
-GLOSSARY = ROOT / "i18n" / "zh_CN" / "GLOSSARY.md"
 SEARCH_WORDS = "search-words.txt"  # jieba's user dictionary, staged beside the Chinese sources
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # A search result opens its page at the first match. Sphinx would highlight the search's words there, but
@@ -120,10 +119,12 @@ def stage(e: Edition) -> Path:
     for path in pages:
         shutil.copy2(path, src / path.name)
     (src / "index.md").write_text(landing_page(e, pages), encoding="utf-8")
-    if e.language.startswith("zh") and GLOSSARY.exists():
-        # The glossary's Chinese column: jieba then keeps 固定内存 whole, so searching it finds it.
-        terms = re.findall(r"^\|[^|\n]+\|\s*([\u4e00-\u9fff]+)\s*\|", GLOSSARY.read_text(encoding="utf-8"), re.M)
-        (src / SEARCH_WORDS).write_text("".join(f"{t} 100000\n" for t in sorted(set(terms))), encoding="utf-8")
+    if e.language.startswith("zh"):
+        # The glossary's Chinese renderings: jieba then keeps 固定内存 whole, so searching it finds it.
+        from translations import glossary  # tools/translations.py: the glossary's one reader
+
+        terms = {zh for _, zh in glossary() if re.fullmatch(r"[\u4e00-\u9fff]+", zh)}
+        (src / SEARCH_WORDS).write_text("".join(f"{t} 100000\n" for t in sorted(terms)), encoding="utf-8")
     return src
 
 

@@ -193,6 +193,12 @@ def test_histogram_checker():
         return torch.bincount(ids, minlength=bins).float()
 
     assert "switched deterministic algorithms off" in ex.check_histogram(switch_off).message
+
+    def put_accumulate(ids, bins):  # right on the CPU; refused on a CUDA tensor in deterministic mode
+        return torch.zeros(bins).put_(ids, torch.ones(len(ids)), accumulate=True)
+
+    verdict = ex.check_histogram(put_accumulate)
+    assert not verdict and "deterministic only on the CPU" in verdict.message
     assert "expected a tensor of 10 counts" in ex.check_histogram(lambda ids, bins: torch.bincount(ids).float()[:5]).message
     assert not torch.are_deterministic_algorithms_enabled()
 

@@ -152,17 +152,25 @@ def _module_links(modules: list[str], folder: str) -> str:
     return ", ".join(f"[{m.removeprefix('exercises.')}]({folder}{m.replace('.', '/')}.py)" for m in modules) or "–"
 
 
-def readme_notebook_map() -> str:
+MAP_HEADER = "| notebook | what it teaches | helpers it imports (`course_utils/`) | checkers (`course_utils/exercises/`) |"
+
+
+def readme_notebook_map(header: str = MAP_HEADER, folder: str = "notebooks/",
+                        translate: dict[str, str] | None = None,
+                        appendix: str = "for the curious and for maintainers") -> str:
     """README's notebook table: each lesson (then each appendix), what it teaches, and the course_utils modules
-    its cells import."""
-    rows = ["| notebook | what it teaches | helpers it imports (`course_utils/`) | checkers (`course_utils/exercises/`) |",
-            "|---|---|---|---|"]
+    its cells import. The Chinese README's table is the same with its ``header``, ``folder``, ``appendix``
+    note, and titles and lessons through ``translate``."""
+    words = translate or {}
+    rows = [header, "|---|---|---|---|"]
     for stem, title, teaches in lessons_and_appendices():
         path = ROOT / "notebooks" / f"{stem}.ipynb"
         modules = notebook_modules(path) if path.is_file() else []
         helpers = [m for m in modules if not m.startswith("exercises")]
         checkers = [m for m in modules if m.startswith("exercises.")]
-        rows.append(f"| [{title}](notebooks/{stem}.ipynb) | {teaches or 'for the curious and for maintainers'} | "
+        number, name = title.split(" · ", 1)
+        what = words.get(teaches, teaches) if teaches else appendix
+        rows.append(f"| [{number} · {words.get(name, name)}]({folder}{stem}.ipynb) | {what} | "
                     f"{_module_links(helpers, 'course_utils/')} | {_module_links(checkers, 'course_utils/')} |")
     return "\n".join(rows)
 
@@ -182,7 +190,8 @@ def contributing_curriculum() -> str:
     return "\n".join(rows)
 
 
-def _replace_block(text: str, name: str, body: str, file: str = "README.md") -> str:
+def replace_block(text: str, name: str, body: str, file: str = "README.md") -> str:
+    """``text`` with the generated block ``<!-- name: ... -->`` … ``<!-- /name -->`` of ``file`` holding ``body``."""
     pattern = re.compile(rf"(<!-- {name}:[^\n]*-->\n).*?(\n<!-- /{name} -->)", re.S)
     if not pattern.search(text):
         sys.exit(f"{file} has no <!-- {name}: ... --> ... <!-- /{name} --> block to fill")
@@ -190,14 +199,14 @@ def _replace_block(text: str, name: str, body: str, file: str = "README.md") -> 
 
 
 def sync_readme(text: str, url: str) -> str:
-    text = _replace_block(text, "badges", readme_badges(url))
-    text = _replace_block(text, "notebooks", readme_notebook_map())
-    return _replace_block(text, "commands", readme_commands())
+    text = replace_block(text, "badges", readme_badges(url))
+    text = replace_block(text, "notebooks", readme_notebook_map())
+    return replace_block(text, "commands", readme_commands())
 
 
 def sync_contributing(text: str) -> str:
-    text = _replace_block(text, "curriculum", contributing_curriculum(), "CONTRIBUTING.md")
-    return _replace_block(text, "commands", readme_commands(), "CONTRIBUTING.md")
+    text = replace_block(text, "curriculum", contributing_curriculum(), "CONTRIBUTING.md")
+    return replace_block(text, "commands", readme_commands(), "CONTRIBUTING.md")
 
 
 def dump(nb: dict) -> str:
@@ -230,10 +239,16 @@ def main() -> int:
             stale.append(document)
             if not args.check:
                 document.write_text(after, encoding="utf-8")
-    verb = "out of date" if args.check else "updated"
+    return report_stale(stale, args.check)
+
+
+def report_stale(stale: list[Path], check: bool) -> int:
+    """Prints each file that was out of date (``--check``) or rewritten; the exit status: 1 for ``--check``
+    with anything out of date."""
+    verb = "out of date" if check else "updated"
     for path in stale:
         print(f"{verb}: {path.relative_to(ROOT) if path.is_absolute() else path}")
-    return 1 if (args.check and stale) else 0
+    return 1 if (check and stale) else 0
 
 
 if __name__ == "__main__":

@@ -35,7 +35,15 @@ from pathlib import Path
 
 import polib
 from project import CURRICULUM, ROOT, repository_url
-from sync_notebooks import BRANCH, dump, lessons_and_appendices, setup_source
+from sync_notebooks import (
+    BRANCH,
+    dump,
+    lessons_and_appendices,
+    readme_notebook_map,
+    replace_block,
+    report_stale,
+    setup_source,
+)
 
 LANG = "zh_CN"
 CATALOGUES = ROOT / "i18n" / LANG
@@ -230,7 +238,7 @@ def problems(nb: dict, po: polib.POFile) -> list[tuple[int, str, str]]:
     return out
 
 
-_CODE_SPAN = re.compile(r"`[^`\n]+`")
+_CODE_SPAN = re.compile(r"``.+?``|`[^`]+`", re.S)  # inline code, which may wrap onto the next line
 _TARGET = re.compile(r"\]\(([^)\s]*)\)")
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+\.)\s", re.M)
@@ -375,30 +383,9 @@ def zh_notebook(nb: dict, name: str, done: dict[str, str], course: dict[str, str
 
 
 def zh_readme_map(course: dict[str, str]) -> str:
-    from project import notebook_modules  # noqa: PLC0415  (only the README map needs it)
-
-    rows = ["| 笔记本 | 内容 | 用到的辅助模块（`course_utils/`） | 练习检查器（`course_utils/exercises/`） |",
-            "|---|---|---|---|"]
-    for stem, title, teaches in lessons_and_appendices():
-        path = ROOT / "notebooks" / f"{stem}.ipynb"
-        modules = notebook_modules(path) if path.is_file() else []
-        number, text = title.split(" · ", 1)
-
-        def links(ms: list[str]) -> str:
-            return ", ".join(f"[{m.removeprefix('exercises.')}](course_utils/{m.replace('.', '/')}.py)"
-                             for m in ms) or "–"
-        what = course.get(teaches, teaches) if teaches else "供好奇的读者和维护者参考"
-        rows.append(f"| [{number} · {course.get(text, text)}](notebooks/zh/{stem}.ipynb) | {what} | "
-                    f"{links([m for m in modules if not m.startswith('exercises')])} | "
-                    f"{links([m for m in modules if m.startswith('exercises.')])} |")
-    return "\n".join(rows)
-
-
-def _replace_block(text: str, name: str, body: str) -> str:
-    pattern = re.compile(rf"(<!-- {name}:[^\n]*-->\n).*?(\n<!-- /{name} -->)", re.S)
-    if not pattern.search(text):
-        sys.exit(f"{ZH_README.name} has no <!-- {name}: ... --> ... <!-- /{name} --> block to fill")
-    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+    """README.zh-CN.md's notebook table: README's, in Chinese, linking the Chinese notebooks."""
+    return readme_notebook_map("| 笔记本 | 内容 | 用到的辅助模块（`course_utils/`） | 练习检查器（`course_utils/exercises/`） |",
+                               "notebooks/zh/", course, "供好奇的读者和维护者参考")
 
 
 # --- main ----------------------------------------------------------------------------------------------
@@ -422,7 +409,8 @@ def build() -> dict[Path, str]:
         out[po_path] = po.__unicode__()
         out[ZH_NOTEBOOKS / path.name] = dump(zh_notebook(nb, path.name, translations(po), course, url))
     if ZH_README.is_file():
-        out[ZH_README] = _replace_block(ZH_README.read_text(encoding="utf-8"), "notebooks", zh_readme_map(course))
+        out[ZH_README] = replace_block(ZH_README.read_text(encoding="utf-8"), "notebooks", zh_readme_map(course),
+                                       ZH_README.name)
     return out
 
 
@@ -465,10 +453,7 @@ def main() -> int:
         stale.append(path)
         if not args.check:
             path.unlink()
-    verb = "out of date" if args.check else "updated"
-    for path in stale:
-        print(f"{verb}: {path.relative_to(ROOT)}")
-    return 1 if (args.check and stale) else 0
+    return report_stale(stale, args.check)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..leaks import graph_memory
 from . import Verdict, fail, ok
@@ -145,7 +146,7 @@ def check_stable_loss(stable_loss: Callable[[torch.Tensor, torch.Tensor], Any]) 
     gen = torch.Generator().manual_seed(3)
     target = torch.tensor([0, 3, 1, 2])
     cases = {"ordinary logits": torch.randn(4, 5, generator=gen),
-             "logits up to 200": torch.randn(4, 5, generator=gen) * 60 + 100}
+             "logits up to 200": (torch.randn(4, 5, generator=gen) * 60 + 100).clamp(max=200)}
     for what, logits in cases.items():
         x = logits.clone().requires_grad_(True)
         ref = logits.clone().requires_grad_(True)
@@ -158,8 +159,8 @@ def check_stable_loss(stable_loss: Callable[[torch.Tensor, torch.Tensor], Any]) 
             return fail(f"on {what}, stable_loss (or its backward) raised {_error(exc)}",
                         "call it on a batch, then backward(), as a training step does.")
         if not torch.isfinite(got).all():
-            return fail(f"on {what} the loss is {got.item()}.", "torch.autograd.set_detect_anomaly(True) and "
-                        "torch.isfinite on each intermediate tensor say which operation first makes inf or NaN.")
+            return fail(f"on {what} the loss is {got.item()}.", "torch.isfinite on each intermediate tensor of the "
+                        "forward says which operation first makes inf or NaN (set_detect_anomaly only checks the backward).")
         if x.grad is None or not torch.isfinite(x.grad).all():
             return fail(f"on {what} the loss is finite but its gradient is not: {x.grad}.",
                         "a finite value can hide an inf inside (nan_to_num, a clamp after the fact); "
@@ -194,7 +195,8 @@ def check_histogram(histogram: Callable[[torch.Tensor, int], Any]) -> Verdict:
     saved = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        got = histogram(ids.clone(), 10)
+        with _OpsCalled() as called:
+            got = histogram(ids.clone(), 10)
         still_on = torch.are_deterministic_algorithms_enabled()
     except Exception as exc:
         return fail(f"with deterministic algorithms on, histogram raised {_error(exc)}",
@@ -212,7 +214,25 @@ def check_histogram(histogram: Callable[[torch.Tensor, int], Any]) -> Verdict:
     if torch.equal(got.float(), (want > 0).float()):
         return fail("every bin that occurs holds 1: a repeated id overwrites instead of adding up (and which "
                     "write wins is not defined: that is why deterministic mode refused put_).",
-                    "look for the accumulate option, or an operation made for counting.")
+                    "an operation made for counting adds repeated ids up; the docstring of "
+                    "torch.use_deterministic_algorithms lists what it allows on each device.")
     if not torch.equal(got.float(), want):
         return fail(f"the counts are {got.tolist()}, expected {want.tolist()}.", "count each id once per occurrence.")
+    if "put_" in called.names or "put" in called.names:
+        return fail("the right counts here, but put_(accumulate=True) is deterministic only on the CPU: with "
+                    "deterministic algorithms on, the same call on a CUDA tensor raises.",
+                    "the docstring of torch.use_deterministic_algorithms lists what it allows on each device; "
+                    "pick an operation made for counting that it allows on both.")
     return ok("the right counts, with deterministic algorithms on.")
+
+
+class _OpsCalled(TorchFunctionMode):
+    """The names of the torch functions and tensor methods called inside it (``put_``, ``bincount``, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.add(getattr(func, "__name__", ""))
+        return func(*args, **(kwargs or {}))
