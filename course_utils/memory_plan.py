@@ -26,7 +26,10 @@ phase, above what was allocated before the model was made, after warm-up steps.
 
 from __future__ import annotations
 
+import gc
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,10 +39,25 @@ __all__ = ["CONTEXT_BYTES", "MARGIN", "PRECISIONS", "WORKSPACE_BYTES", "MemoryPl
            "parameter_count", "plan_memory"]
 
 PRECISIONS = ("fp32", "bf16")
-WORKSPACE_BYTES = 32 * 2**20 + 128 * 2**10
-"""cuBLAS's workspace on Hopper GPUs, which PyTorch allocates through its caching allocator (so
-``max_memory_allocated`` counts it) at the first matrix product on a stream: 32 MiB + 128 KiB
-(``CUBLAS_WORKSPACE_CONFIG`` ``:4096:8`` and ``:16:8``; 8 MiB + 128 KiB on older GPUs)."""
+MIXED_PRECISION = ("autocast", "policy")
+"""How bf16 is applied: ``"autocast"`` (``torch.autocast`` over float32 weights, as notebook 07 trains) or
+``"policy"`` (FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``: the
+weights are cast to bf16 as they are gathered, and every operation runs in bf16)."""
+ATTENTION = ("fused", "math")
+"""``"fused"``: a fused kernel (flash or memory-efficient), which saves one log-sum-exp per head and token;
+``"math"``: PyTorch's reference implementation, which saves the t × t attention probabilities of every head."""
+
+
+def cublas_workspace_bytes(major: int = 9) -> int:
+    """The cuBLAS workspace PyTorch allocates through its caching allocator for each thread (and stream) that
+    runs matrix products, on a GPU of compute capability ``major``.x: 32 MiB on Hopper and Blackwell (9, 10,
+    12), 8 MiB + 128 KiB before (``parseChosenWorkspaceSize`` in ``aten/src/ATen/cuda/CublasHandlePool.cpp``;
+    ``CUBLAS_WORKSPACE_CONFIG`` overrides it). A training step has two: the forward's thread and autograd's."""
+    return 32 * 2**20 if major in (9, 10, 12) else 8 * 2**20 + 128 * 2**10
+
+
+WORKSPACE_BYTES = cublas_workspace_bytes(9)
+"""One cuBLAS workspace on the H200 that validated the plan (Hopper: 32 MiB)."""
 CONTEXT_BYTES = 512 * 2**20
 """The CUDA context (driver state, loaded kernels): memory the GPU loses that PyTorch's allocator does not
 see, about 0.5 GiB with CUDA 12–13 and lazy module loading. Measure yours: ``torch.cuda.mem_get_info()``
@@ -49,10 +67,11 @@ MARGIN = 0.10
 and large blocks to 2 MiB segments) and fragments, so it reserves more than it hands out."""
 
 
-def parameter_count(cfg: GPTConfig) -> int:
-    """Parameters of `course_utils.models.GPT` of shape ``cfg``: embeddings, blocks, final norm and head."""
+def parameter_count(cfg: GPTConfig, tied_head: bool = False) -> int:
+    """Parameters of `course_utils.models.GPT` of shape ``cfg``: embeddings, blocks, final norm and head
+    (``tied_head``: the head's weight is the token embedding's, counted once)."""
     d, v = cfg.d_model, cfg.vocab
-    return v * d + cfg.seq_len * d + cfg.n_layers * _block_params(d) + 2 * d + (d * v + v)
+    return v * d + cfg.seq_len * d + cfg.n_layers * _block_params(d) + 2 * d + (0 if tied_head else d * v) + v
 
 
 def _block_params(d: int) -> int:
@@ -114,79 +133,117 @@ class MemoryPlan:
 
 
 def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = False, stage: int = 0,
-                world_size: int = 1, fused_adamw: bool = False, workspace: float = WORKSPACE_BYTES,
+                world_size: int = 1, fused_adamw: bool = False, mixed_precision: str | None = None, *,
+                tied_head: bool = False, attention: str = "fused", workspace: float = WORKSPACE_BYTES,
                 context: float = CONTEXT_BYTES, margin: float = MARGIN) -> MemoryPlan:
     """Predict the memory of one training step of `GPT` of shape ``cfg`` on each of ``world_size`` GPUs
     (``cfg.batch`` sequences per GPU), phase by phase. See the module's docstring for the options."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS} ('bf16': autocast with float32 weights), "
-                         f"got {precision!r}")
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"ZeRO stages are 0 (none), 1, 2 and 3 (FSDP2's fully_shard), got {stage!r}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    mixed = _resolve(precision, stage, world_size, mixed_precision)
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     b, t, d, h, v, L = cfg.batch, cfg.seq_len - 1, cfg.d_model, cfg.n_heads, cfg.vocab, cfg.n_layers
-    bf16 = precision == "bf16"
-    e = 2 if bf16 else 4  # bytes of the activations the matrix products make
-    n = parameter_count(cfg)
-    n_block = _block_params(d)
+    W, btd, fsdp = world_size, cfg.batch * (cfg.seq_len - 1) * cfg.d_model, stage >= 2
+    # bytes per number: `act` for what the matrix products make and save, `res` for the residual stream and
+    # the norms' inputs, `p` for gathered parameters and the gradients autograd computes for them
+    act = 4 if mixed == "fp32" else 2
+    res = p = 2 if mixed == "policy" else 4
+    dtype = "bf16" if p == 2 else "float32"
+    n, n_block = parameter_count(cfg, tied_head), _block_params(d)
+    n_root = n - L * n_block  # embeddings, final norm, head: FSDP2's root unit
     n_head = d * v + v + 2 * d  # head and final norm: their gradients come first in backward
-    w_block = 12 * d * d  # the weights of a block's four linear layers (autocast keeps bf16 copies of these)
-    shard = {k: (world_size if stage >= k else 1) for k in (1, 2, 3)}
+    linear_block = 12 * d * d + 9 * d  # a block's four linear layers, weights and biases (autocast casts these)
+    # what each stage divides by W: 1 the optimizer state, 2 the gradients, 3 the parameters. Stages 2 and 3
+    # are FSDP2's fully_shard, which keeps parameters sharded between steps at both
+    shard = {1: W if stage >= 1 else 1, 2: W if stage >= 2 else 1, 3: W if fsdp else 1}
 
-    # --- what is always there between steps -----------------------------------------------------------
+    # --- what is there in every phase --------------------------------------------------------------------
     base = [Term("parameters", 4 * n / shard[3], f"float32, {n / 1e6:.1f} M" + _per(shard[3])),
             Term("AdamW state", 8 * n / shard[1], "two float32 moments" + _per(shard[1])),
             Term("the batch", 8 * b * (t + 1), "int64 token ids"),
-            Term("cuBLAS workspace", workspace, "allocated at the first matrix product")]
-    if stage <= 1 and world_size > 1:
+            Term("cuBLAS workspaces", 2 * workspace, "one per thread that multiplies matrices: the forward's "
+                 "and autograd's")]
+    if stage <= 1 and W > 1:
         base.append(Term("DDP gradient buckets", 4 * n, "a second copy of the gradients, for the all-reduce "
                          "(gradient_as_bucket_view=False, the default)"))
-    if stage == 3:
-        # FSDP2: the root (embeddings, final norm, head) stays gathered from forward to backward
-        # (reshard_after_forward is False for it), and two blocks are gathered at a time (one prefetched)
-        root = n - L * n_block
-        base.append(Term("gathered root", 4 * root * (1 - 1 / world_size), "root parameters kept whole"))
-        gathered = [Term("gathered blocks", 2 * 4 * n_block, "two blocks' parameters all-gathered")]
-    else:
-        gathered = []
+    # FSDP2 keeps the root gathered from its forward to the end of backward (the root's
+    # reshard_after_forward is False), in the policy's param_dtype
+    root = [Term("gathered root", p * n_root, f"embeddings, final norm and head, {dtype}")] if fsdp else []
+    # On several GPUs FSDP2 all-gathers into a buffer and copies out of it: in forward the last unit's buffer
+    # is kept until the next unit is gathered; in backward the next unit's all-gather is issued early
+    buffer = p * n_block if fsdp and W > 1 else 0
 
     # --- activations: what autograd saves for backward --------------------------------------------------
-    if bf16:  # residual stream and LayerNorms in float32; the linear layers' inputs and outputs in bf16
-        per_block = 8 * b * t * d + 28 * b * t * d + 16 * b * t + 4 * b * h * t
-        outside = 4 * b * t * d + 8 * b * t + 2 * b * t * d + 4 * b * t * v + 4 + 8 * (b * t + t)
-    else:  # 16·b·t·d numbers per block (notebook 08, section 1)
-        per_block = 4 * (16 * b * t * d + 4 * b * t + b * h * t)
-        outside = 4 * (2 * b * t * d + 2 * b * t + b * t * v + 1) + 8 * (b * t + t)
-    kept = 4 * b * t * d if checkpointing else per_block  # per block, until its backward
+    saved_attention = 4 * b * h * t if attention == "fused" else act * b * h * t * t
+    per_block = 2 * res * btd + 16 * b * t + 14 * act * btd + saved_attention
+    kept = res * btd if checkpointing else per_block  # per block, until its backward
     acts = Term("activations", L * kept, ("each block's input (checkpointed)" if checkpointing else
-                                           f"{L} blocks × {per_block / 2**20:,.0f} MiB saved for backward"))
-    outside_t = Term("activations outside blocks", outside, "final norm, head input, log-softmax of the logits")
-    copies = [Term("bf16 weight copies", 2 * (L * (0 if checkpointing else w_block) + d * v),
-                   "autocast's casts, saved by the linear layers")] if bf16 else []
-    logits_fwd = Term("logits", b * t * v * (e + (4 if bf16 else 0)),
-                      "the head's output" + (" and its float32 copy for the loss" if bf16 else ""))
-    logits_bwd = Term("gradient of the logits", 2 * 4 * b * t * v, "two float32 b·t·vocab tensors in the "
-                      "loss's backward (nll_loss's and log_softmax's)")
+                                          f"{L} blocks × {per_block / 2**20:,.0f} MiB saved for backward"))
+    outside = Term("activations outside blocks", (res + act) * btd + 8 * b * t + 4 * b * t * v + 4 + 8 * (b * t + t),
+                   "final norm, head input, log-softmax of the logits, targets, positions")
+    logits = Term("logits", b * t * v * (act + (4 if act == 2 else 0)),
+                  "the head's output" + (" and its float32 copy for the loss" if act == 2 else ""))
+    cache = ([Term("autocast's cast cache", 2 * (L * linear_block + d * v + v), "bf16 copies of every linear "
+                   "layer's weights, kept until autocast exits")] if mixed == "autocast" else [])
+    gathered_fwd = ([Term("gathered blocks", p * L * n_block, "every block, gathered until its backward "
+                          "(reshard_after_forward=False)")] if stage == 2 else [])
+
+    # the end of the last block's forward; checkpointed, its inside is alive only while it runs
+    in_block = [*base, *root, *gathered_fwd, Term("activations", L * kept, "of the blocks before and this one")]
+    if stage == 3:
+        in_block.append(Term("gathered block", p * n_block + buffer, "the last block's parameters" +
+                             (" and its all-gather buffer" if buffer else "")))
+    if checkpointing:  # at its GELU: q, k, v and the attention's output (Python locals), the residual, the
+        # second norm's output (and its bf16 copy under autocast), the first MLP layer's output and the GELU's
+        norm_out = {"fp32": 4, "autocast": 4 + 2, "policy": 2}[mixed]
+        in_block.append(Term("block in flight", (4 * act + res + norm_out + 8 * act) * btd,
+                             "the last block's forward, not saved"))
+    if mixed == "autocast":
+        in_block.append(Term("autocast's cast cache", 2 * L * linear_block, "bf16 copies of the blocks' weights"))
     phases: dict[str, tuple[Term, ...]] = {
-        "forward (the loss)": (*base, *gathered, acts, outside_t, *copies, logits_fwd),
-        "backward (the loss)": (*base, *gathered, acts, outside_t, *copies, logits_bwd),
+        "forward (last block)": tuple(in_block),
+        "forward (the loss)": (*base, *root, *gathered_fwd, acts, outside, *cache, logits),
     }
 
+    # --- the start of backward: the loss's gradient ------------------------------------------------------
+    copies = []
+    if mixed == "autocast":  # after autocast exits, what the linear layers saved: their bf16 weights
+        copies = [Term("bf16 weight copies", 2 * ((0 if checkpointing else L * 12 * d * d) + d * v),
+                       "saved by the linear layers" + (" (the head's: the blocks' are recomputed)"
+                                                      if checkpointing else ""))]
+    prefetched = ([Term("prefetched block", buffer, "the last block's all-gather, issued early")]
+                  if stage == 3 and buffer else [])
+    phases["backward (the loss)"] = (*base, *root, *gathered_fwd, *prefetched, acts, outside, *copies,
+                                     Term("gradient of the logits", 2 * 4 * b * t * v, "two float32 b·t·vocab "
+                                          "tensors in the loss's backward (nll_loss's and log_softmax's)"))
+
     # --- backward through the blocks, last first: gradients grow, activations shrink --------------------
-    transient = (4 + 4 * e) * b * t * d + 4 * b * t * d  # the gradients in flight through a block's MLP
+    # the gradients in flight through a block's MLP: the residual's, a 4·d-wide one and a d-wide one
+    in_flight = (res + 4 * act + act) * btd
     for i in (L - 1, 0):  # the sums are linear in i: the extremes hold the maximum
-        done = n_head + (L - 1 - i) * n_block  # parameters whose gradients exist already
-        terms = [*base, *gathered, Term("gradients so far", 4 * done / shard[2], "float32" + _per(shard[2]))]
+        done = (L - 1 - i) * n_block  # blocks whose gradients are complete
+        terms = [*base, *root]
+        if stage == 2:
+            terms.append(Term("gathered blocks", p * (i + 1) * n_block, f"blocks 0 to {i}, still gathered"))
         if stage == 3:
-            terms.append(Term("unsharded block gradient", 4 * n_block, "before its reduce-scatter"))
+            terms.append(Term("gathered blocks", p * n_block + buffer, "this block" +
+                              (" and the next one, prefetched" if buffer else "")))
+        if fsdp:
+            terms += [Term("root gradients", p * n_head, f"the head's and final norm's, {dtype}, unsharded "
+                           "until backward ends"),
+                      Term("gradients so far", 4 * done / W, "float32, reduce-scattered" + _per(W)),
+                      Term("block gradient", p * n_block, f"this block's, {dtype}, before its reduce-scatter")]
+            if i < L - 1:
+                terms.append(Term("reduce-scatter buffer", 4 * n_block, "the previous block's float32 "
+                                  "reduce-scatter input, kept until this block's is issued"))
+        else:
+            terms.append(Term("gradients so far", 4 * (n_head + done) / shard[2], "float32" + _per(shard[2])))
         terms.append(Term("activations", (i + 1) * kept, f"of blocks 0 to {i}"))
         if checkpointing:
             terms.append(Term("recomputed block", per_block, "its forward run again, everything saved"))
-        if bf16:
-            terms.append(Term("bf16 weight copies", 2 * w_block * (1 if checkpointing else i + 1),
+        if mixed == "autocast":
+            terms.append(Term("bf16 weight copies", 2 * 12 * d * d * (1 if checkpointing else i + 1),
                               "of the blocks not yet through backward"))
-        terms.append(Term("gradients in flight", transient, "the MLP's input and output gradients"))
+        terms.append(Term("gradients in flight", in_flight, "through the MLP"))
         phases[f"backward (block {i})"] = tuple(terms)
 
     # --- the optimizer's step ---------------------------------------------------------------------------
@@ -196,74 +253,211 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
                         "float32 tensor per parameter"))
     phases["optimizer step"] = tuple(opt)
 
-    job = (f"{n / 1e9:.2f} B parameters, batch {b} × {cfg.seq_len}, {precision}"
-           f"{', every block checkpointed' if checkpointing else ''}, ZeRO stage {stage} on {world_size} GPU(s)"
+    how = {"fp32": "fp32", "autocast": "bf16 (autocast)", "policy": "bf16 (FSDP2 MixedPrecisionPolicy)"}[mixed]
+    job = (f"{n / 1e9:.2f} B parameters, batch {b} × {cfg.seq_len}, {how}"
+           f"{', every block checkpointed' if checkpointing else ''}, ZeRO stage {stage} on {W} GPU(s)"
            f", AdamW {'fused' if fused_adamw else 'foreach'}")
     return MemoryPlan(job, phases, context, margin)
+
+
+def _resolve(precision: str, stage: int, world_size: int, mixed_precision: str | None) -> str:
+    """"fp32", "autocast" or "policy", with a clear error for a combination no course setup trains with."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stages are 0 (none), 1, 2 and 3 (FSDP2's fully_shard), got {stage!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if precision == "fp32":
+        if mixed_precision is not None:
+            raise ValueError(f"mixed_precision={mixed_precision!r} is for precision 'bf16'; fp32 has none")
+        return "fp32"
+    mixed = mixed_precision or ("autocast" if stage <= 1 else "policy")
+    if mixed not in MIXED_PRECISION:
+        raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION} or None, got {mixed_precision!r}")
+    if mixed == "policy" and stage <= 1:
+        raise ValueError(f"stage {stage} trains with DDP, which has no MixedPrecisionPolicy: the policy belongs "
+                         "to FSDP2's fully_shard (stages 2 and 3); use mixed_precision='autocast'")
+    return mixed
 
 
 def _per(k: int) -> str:
     return f", 1/{k} per GPU" if k > 1 else ""
 
 
-def measure_peak(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = False, fused_adamw: bool = False,
-                 warmup: int = 2, device: str = "cuda") -> dict[str, int]:
-    """One GPU: build `GPT` of shape ``cfg`` and AdamW, train ``warmup`` steps, then measure one step's phases.
+MEASURED_PHASES = ("forward", "backward (the loss)", "backward (blocks)", "optimizer step")
+"""The phases `measure_peak` reports, in the order a step runs them."""
 
-    Returns the bytes above what was allocated before the model was made: ``"forward"``, ``"backward"`` and
-    ``"optimizer step"`` (``torch.cuda.max_memory_allocated()`` during each), ``"peak"`` (their largest),
-    ``"between steps"`` (allocated after ``zero_grad``) and ``"reserved"`` (the most the allocator reserved
-    from the GPU in the step, all of it, not only above the start)."""
-    from torch.nn import functional as F
-    from torch.utils.checkpoint import checkpoint
 
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if not torch.cuda.is_available():
-        raise RuntimeError("measure_peak needs a CUDA GPU: the caching allocator's counters are CUDA's")
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    start = torch.cuda.memory_allocated()
+def measure_peak(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = False, stage: int = 0,
+                 fused_adamw: bool = False, mixed_precision: str | None = None, warmup: int = 2,
+                 device: str = "cuda", snapshot: str | os.PathLike[str] | None = None) -> dict[str, int]:
+    """Build `GPT` of shape ``cfg`` and AdamW, train ``warmup`` steps, then measure one step's phases.
+
+    ``stage`` 0 trains the model as it is; 2 and 3 shard it with FSDP2's ``fully_shard`` (each block, then the
+    root; ``reshard_after_forward=False`` for stage 2) over the process group that is initialised, or over a
+    one-rank group made for the measurement (NCCL on a GPU, gloo on the CPU), so that the gathered parameters,
+    the reduce-scatter buffers and the mixed-precision casts are FSDP2's own. ``mixed_precision`` is resolved
+    as `plan_memory` resolves it; ``cfg.batch`` is this process's batch.
+
+    ``device="cuda"`` reads the caching allocator's counters (``torch.cuda.max_memory_allocated()``), after
+    freeing the cuBLAS workspaces so that the step allocates its own; ``device="cpu"`` reads the CPU
+    allocator's running total from the profiler's memory events (``profile_memory=True``).
+
+    Returns the bytes above what was allocated before the model was made: each of `MEASURED_PHASES` (the
+    largest amount during it; backward is split where the gradient reaches the last block's output),
+    ``"peak"`` (their largest), ``"between steps"`` (allocated after ``zero_grad``), and on a GPU
+    ``"reserved"`` (the most the allocator reserved from the GPU in the step, all of it). ``snapshot`` (GPU
+    only): a file for the measured step's allocator history (``torch.cuda.memory._dump_snapshot``; open it
+    on https://pytorch.org/memory_viz), with a 1 KiB marker tensor where each phase ends."""
+    import torch.distributed as dist
+
+    mixed = _resolve(precision, stage, 1, mixed_precision)
+    if stage == 1:
+        raise ValueError("stage 1 is DDP with ZeroRedundancyOptimizer; measure_peak trains stages 0, 2 and 3 "
+                         "(the model as it is, and FSDP2's fully_shard)")
+    where = torch.device(device)
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("measure_peak(device='cuda') needs a CUDA GPU; device='cpu' measures the CPU's "
+                           "allocator instead")
+    if where.type not in ("cuda", "cpu"):
+        raise ValueError(f"measure_peak reads the allocators of 'cuda' and 'cpu', not {where.type!r}")
+    if snapshot is not None and where.type != "cuda":
+        raise ValueError("snapshot= records the CUDA caching allocator's history: it needs device='cuda'")
+    if where.type == "cuda" and where.index is None:
+        where = torch.device("cuda", torch.cuda.current_device())
+    own_group = stage >= 2 and not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("nccl" if where.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1, device_id=where if where.type == "cuda" else None)
+    counter = _CudaCounter(where, snapshot) if where.type == "cuda" else _CpuCounter()
+    try:
+        return _measure(cfg, mixed, checkpointing, stage, fused_adamw, warmup, where, counter)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+        gc.collect()  # FSDP2's modules hold reference cycles: free them before anything else is measured
+        if where.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+class _CudaCounter:
+    """Phase peaks from the caching allocator's peak counter, reset at the start of each phase."""
+
+    def __init__(self, device: torch.device, snapshot: str | os.PathLike[str] | None) -> None:
+        self.device, self.snapshot, self.reserved = device, snapshot, 0
+        self.peaks: dict[str, int] = {}
+        gc.collect()
+        torch.cuda.synchronize(device)
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:  # the step allocates its own: one for this thread, one for autograd's
+            clear()
+            x = torch.zeros(1, device=device, requires_grad=True)
+            y = x * 1
+            y.register_hook(lambda grad: clear())  # runs on autograd's thread for this device
+            y.sum().backward()
+            del x, y
+            torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        self.start = torch.cuda.memory_allocated(device)
+
+    def begin_step(self, measured: bool) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        if measured and self.snapshot is not None:
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+        self.measured = measured
+
+    def close(self, phase: str) -> None:
+        if self.measured:
+            self.peaks[phase] = torch.cuda.max_memory_allocated(self.device) - self.start
+            if self.snapshot is not None:  # a marker in the history: a 1 KiB tensor per phase
+                torch.empty(1024 * len(self.peaks), dtype=torch.uint8, device=self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def end_step(self) -> None:
+        if self.measured:
+            self.reserved = torch.cuda.max_memory_reserved(self.device)
+            if self.snapshot is not None:
+                torch.cuda.memory._dump_snapshot(str(self.snapshot))
+                torch.cuda.memory._record_memory_history(enabled=None)
+
+    def finish(self) -> dict[str, int]:
+        return {"between steps": torch.cuda.memory_allocated(self.device) - self.start, "reserved": self.reserved}
+
+
+class _CpuCounter:
+    """Phase peaks from the CPU allocator's running total (`course_utils.memory_accounting.CpuAllocations`),
+    counted from before the model was made."""
+
+    def __init__(self) -> None:
+        from .memory_accounting import CpuAllocations
+
+        gc.collect()
+        self.peaks: dict[str, int] = {}
+        self.cpu = CpuAllocations().__enter__()
+
+    def begin_step(self, measured: bool) -> None:
+        self.measured = measured
+        if measured:
+            self.cpu.mark("the step starts")
+
+    def close(self, phase: str) -> None:
+        if self.measured:
+            self.cpu.mark(phase)
+
+    def end_step(self) -> None:
+        pass
+
+    def finish(self) -> dict[str, int]:
+        self.cpu.__exit__(None, None, None)
+        self.peaks = {phase: self.cpu.peak[phase] for phase in MEASURED_PHASES}
+        return {"between steps": self.cpu.at["end"]}
+
+
+def _measure(cfg: GPTConfig, mixed: str, checkpointing: bool, stage: int, fused_adamw: bool, warmup: int,
+             device: torch.device, counter: _CudaCounter | _CpuCounter) -> dict[str, int]:
     torch.manual_seed(0)
-    model = GPT(cfg).to(device)
+    model = GPT(cfg, checkpointed=checkpointing).to(device)
+    if stage >= 2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if mixed == "policy" else MixedPrecisionPolicy())
+        for block in model.blocks:
+            fully_shard(block, mp_policy=policy, reshard_after_forward=stage == 3)
+        fully_shard(model, mp_policy=policy, reshard_after_forward=None if stage == 3 else False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw or None)
     tokens = token_batch(cfg, torch.Generator().manual_seed(0)).to(device)
+    watch = {"on": False}
 
-    def loss_fn() -> torch.Tensor:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            if not checkpointing:
-                return model.loss(tokens)
-            inputs, targets = tokens[:, :-1], tokens[:, 1:]
-            x = model.tok(inputs) + model.pos(torch.arange(inputs.shape[1], device=tokens.device))
-            for block in model.blocks:
-                x = checkpoint(block, x, use_reentrant=False)
-            logits = model.head(model.norm(x))
-            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    def on_last_block(_module: torch.nn.Module, _args: object, out: torch.Tensor) -> None:
+        if watch["on"] and out.requires_grad:  # not in a checkpointed block's recomputation
+            out.register_hook(lambda _grad: counter.close("backward (the loss)"))
 
-    for _ in range(warmup):
-        loss_fn().backward()
+    hook = model.blocks[-1].register_forward_hook(on_last_block)
+    for step in range(warmup + 1):
+        counter.begin_step(measured=step == warmup)
+        watch["on"] = step == warmup
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed == "autocast"):
+            loss = model.loss(tokens)
+        watch["on"] = False
+        counter.close("forward")
+        loss.backward()
+        del loss
+        counter.close("backward (blocks)")
         opt.step()
+        counter.close("optimizer step")
         opt.zero_grad(set_to_none=True)
-    out: dict[str, int] = {}
-    reserved = 0
-    loss = None
-    for phase in ("forward", "backward", "optimizer step"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        if phase == "forward":
-            loss = loss_fn()
-        elif phase == "backward":
-            loss.backward()  # type: ignore[union-attr]
-            loss = None
-        else:
-            opt.step()
-        torch.cuda.synchronize()
-        out[phase] = torch.cuda.max_memory_allocated() - start
-        reserved = max(reserved, torch.cuda.max_memory_reserved())
-    opt.zero_grad(set_to_none=True)
-    out["peak"] = max(out.values())
-    out["between steps"] = torch.cuda.memory_allocated() - start
-    out["reserved"] = reserved
-    model = opt = tokens = None  # type: ignore[assignment]
-    torch.cuda.empty_cache()
-    return out
+        counter.end_step()
+    hook.remove()
+    out = counter.finish()
+    del model, opt, tokens
+    phases = {phase: counter.peaks[phase] for phase in MEASURED_PHASES}
+    return {**phases, "peak": max(phases.values()), **out}
+
+
+def measure_rank(rank: int, world_size: int, cfg: GPTConfig, options: dict[str, Any]) -> dict[str, int]:
+    """`measure_peak` on one rank of a job that `course_utils.launch.launch` started (the process group is
+    joined): ``options`` are its keyword arguments. Each rank measures its own process's allocator."""
+    return measure_peak(cfg, **options)

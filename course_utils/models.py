@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 __all__ = ["GPT", "Block", "FooNet", "GPTConfig", "TinyClassifier", "token_batch"]
 
@@ -89,11 +90,15 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A small GPT-like language model: token and position embeddings, `GPTConfig.n_layers` blocks, a final
     norm and a linear head. ``model(tokens)`` returns logits; ``model.loss(tokens)`` the next-token
-    cross-entropy of a batch of sequences."""
+    cross-entropy of a batch of sequences.
 
-    def __init__(self, cfg: GPTConfig) -> None:
+    ``checkpointed=True`` runs every block through ``torch.utils.checkpoint.checkpoint(block, x,
+    use_reentrant=False)`` (notebook 08): each block keeps only its input and is recomputed in backward."""
+
+    def __init__(self, cfg: GPTConfig, checkpointed: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
+        self.checkpointed = checkpointed
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
         self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
@@ -104,7 +109,7 @@ class GPT(nn.Module):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.tok(tokens) + self.pos(positions)
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
         return self.head(self.norm(x))
 
     def loss(self, tokens: torch.Tensor) -> torch.Tensor:
