@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 NB ?= notebooks
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help lab test test-slow nbval-other-cpu compat unit refresh gpu-check record sync venv-test clean lint site browser-test binder-check
+.PHONY: help lab test test-slow nbval-other-cpu soak compat unit refresh gpu-check record sync venv-test clean lint site browser-test binder-check
 
 ## this list
 help:
@@ -47,16 +47,16 @@ lab: $(VENV)/.lab-installed
 CPU_ONLY := CUDA_VISIBLE_DEVICES= COURSE_DEVICE=cpu
 
 # The stored outputs must hold on any CPU, so make test runs strict nbval a second time on another code
-# path: one thread, AVX2 kernels in ATen, MKL and oneDNN (how one machine imitates another CPU).
-# OTHER_CPU_ISA=default makes ATen use its plain kernels instead.
+# path: one thread, AVX2 kernels in ATen, MKL and oneDNN (how one machine imitates another CPU; the
+# variables are in tools/run_tests.py, which runs both passes). OTHER_CPU_ISA=default makes ATen use its
+# plain kernels instead.
 OTHER_CPU_ISA ?= avx2
-OTHER_CPU := OMP_NUM_THREADS=1 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=$(OTHER_CPU_ISA) ONEDNN_MAX_CPU_ISA=AVX2
 
 ## pinned .venv; lint; unit tests and strict nbval over every notebook (GPUs hidden: stored outputs
-## are from a CPU run); then strict nbval again on another CPU code path (nbval-other-cpu)
+## are from a CPU run); then strict nbval again on another CPU code path (nbval-other-cpu); each pass on
+## every core; whole logs in test-output/ (tools/run_tests.py)
 test: $(VENV)/.test-installed lint
-	$(CPU_ONLY) $(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory nbval-other-cpu
+	OTHER_CPU_ISA=$(OTHER_CPU_ISA) $(BIN)/python tools/run_tests.py $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 
 ## the tests marked slow (real compiles of broken toolchains, an AOTInductor package), which make test leaves out
 test-slow: $(VENV)/.test-installed
@@ -65,7 +65,14 @@ test-slow: $(VENV)/.test-installed
 ## strict nbval over every notebook on one thread with AVX2 kernels, as another CPU runs it
 ## (OTHER_CPU_ISA=default: ATen's plain kernels)
 nbval-other-cpu: $(VENV)/.test-installed
-	$(CPU_ONLY) $(OTHER_CPU) $(BIN)/python -m pytest -q notebooks
+	OTHER_CPU_ISA=$(OTHER_CPU_ISA) $(BIN)/python tools/run_tests.py --only other-cpu $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
+
+N ?= 10
+BURN ?= 0
+## the flake budget: make test on N fresh clones of HEAD, one after another (BURN=K busy processes beside
+## each run, as on a loaded CI runner); each run's result, time and failing tests; logs in test-output/soak/
+soak:
+	$(PYTHON) tools/soak.py --runs $(N) --burn $(BURN)
 
 TORCH ?=
 ## TORCH=X.Y.Z: a separate venv with that torch (build/compat-X.Y.Z); every notebook executed (deliberate

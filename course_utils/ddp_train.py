@@ -26,6 +26,7 @@ by ``torchrun``.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import io
 import os
@@ -294,6 +295,12 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     if rank == 0:
         print(f"{HASH_PREFIX} {weights_sha256(model)}", flush=True)
+    # Leave cleanly. DDP holds the process group: free it first, so that destroy_process_group drops the last
+    # reference and joins gloo's worker threads now, while Python is fully alive. Left to the interpreter's
+    # shutdown, a worker thread that releases a tensor then needs the GIL and aborts the process ("terminate
+    # called without an active exception", exit -6).
+    del ddp, model, opt
+    gc.collect()
     dist.barrier()  # leave together: with gloo, a rank exiting while another still talks to it can abort it
     dist.destroy_process_group()
     return 0

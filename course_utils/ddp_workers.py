@@ -112,9 +112,11 @@ def compare_gradients(rank: int, world_size: int) -> dict[str, Any]:
 
 def error_message(exc: BaseException) -> str:
     """``Type: message`` with what belongs to one build or machine taken out: a C++ source location
-    (``[/path/to/gloo/...cc:78] ``, which names the build's folders and changes with each release) and
-    the long ``TensorOptions(...)`` of a collective's fingerprint (shortened to ``TensorOptions(…)``)."""
+    (``[/path/to/gloo/...cc:78] ``, which names the build's folders and changes with each release), a
+    peer's address and port (``[127.0.0.1]:4282``, shown as ``[127.0.0.1]:PORT``) and the long
+    ``TensorOptions(...)`` of a collective's fingerprint (shortened to ``TensorOptions(…)``)."""
     text = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\] ", "", str(exc))
+    text = re.sub(r"(\[[0-9A-Fa-f.:]+\]):\d+", r"\1:PORT", text)
     text = re.sub(r"TensorOptions\((?:[^()]|\([^()]*\))*\)", "TensorOptions(…)", text)
     return f"{type(exc).__name__}: {text.strip()}"
 

@@ -3,10 +3,13 @@
 The workers run in processes of their own, started by `course_utils.launch.launch` with the process group
 already joined (they live in a module: a spawned process imports the function it runs by name).
 
-- `uneven_epoch(rank, world_size, join, dump_after)`: DDP training where rank 0 has one batch more than the
-  others, then an end-of-epoch `barrier`. Without `torch.distributed.algorithms.Join` rank 0 waits in its
-  last backward for an all-reduce nobody else calls. ``dump_after`` seconds into the wait, `faulthandler`
-  writes every thread's Python stack; the worker returns the lines of this module in it (where it waits).
+- `uneven_epoch(rank, world_size, join, dump_after, slow_last_batch)`: DDP training where rank 0 has one
+  batch more than the others, then an end-of-epoch `barrier`. Without `torch.distributed.algorithms.Join`
+  rank 0 waits in its last backward for an all-reduce nobody else calls. ``dump_after`` seconds into the
+  epoch, `faulthandler` writes every thread's Python stack; the worker returns the lines of this module in
+  it (where it waits). ``slow_last_batch`` seconds of waiting for rank 0's extra batch (a slow data loader)
+  make the other ranks reach their wait first, so that their timeout fires first: gloo then closes their
+  connections, and rank 0, still waiting, gets "Connection closed by peer" instead of a timeout of its own.
 - `where_it_waits(dump)`: those lines, as ``function: source line``, read from a `faulthandler` dump.
 """
 
@@ -16,6 +19,7 @@ import faulthandler
 import linecache
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -63,11 +67,13 @@ def _watched(report: dict[str, Any], dump_after: float | None) -> Iterator[None]
         report["waits_in"] = where_it_waits(dump.read())
 
 
-def uneven_epoch(rank: int, world_size: int, join: bool = False, dump_after: float | None = None) -> dict[str, Any]:
+def uneven_epoch(rank: int, world_size: int, join: bool = False, dump_after: float | None = None,
+                 slow_last_batch: float = 0.0) -> dict[str, Any]:
     """One epoch of DDP on this rank's `BATCHES` batches, then a barrier (as before saving a checkpoint).
+    Rank 0's extra batch takes ``slow_last_batch`` seconds to arrive.
 
-    Returns what happened: ``"steps"`` done, ``"error"`` (the message of the collective's timeout, if one
-    came) and ``"waits_in"`` (where the Python stack stood ``dump_after`` seconds into the epoch's end)."""
+    Returns what happened: ``"steps"`` done, ``"error"`` (the message that ended a collective's wait, if one
+    came) and ``"waits_in"`` (where the Python stack stood ``dump_after`` seconds into the epoch)."""
     from torch.distributed.algorithms import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -79,7 +85,9 @@ def uneven_epoch(rank: int, world_size: int, join: bool = False, dump_after: flo
     report: dict[str, Any] = {"rank": rank, "batches": len(batches), "steps": 0, "error": None, "waits_in": []}
     with _watched(report, dump_after):
         with Join([model]) if join else nullcontext():
-            for x in batches:
+            for i, x in enumerate(batches):
+                if i == BATCHES[1]:  # the batch only rank 0 has: its data loader is slow
+                    time.sleep(slow_last_batch)
                 loss = model(x).pow(2).mean()
                 loss.backward()  # DDP all-reduces the gradients here: every rank must take part
                 opt.step()

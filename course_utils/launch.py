@@ -10,12 +10,15 @@ A function defined in a notebook cell is not; the lesson's workers live in `cour
   each and returns the per-rank results, or raises `WorkerError` with the failing rank's traceback.
   ``group_timeout`` is the process group's own timeout (how long a collective waits for the others) and
   ``env`` sets environment variables in the workers before the group starts (``TORCH_DISTRIBUTED_DEBUG``);
-  ``quiet`` sends their standard error (C++ log lines, with times) to /dev/null.
+  ``quiet`` sends their standard error (C++ log lines, with times) to /dev/null. The ranks leave together:
+  none ends (closing its connections) while another still waits in a collective, so a timeout demo shows
+  each rank's own timeout, not its peer's exit.
 - `start_worker_pool()` starts the forkserver early, so the first launch does not wait for imports.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import socket
@@ -63,13 +66,22 @@ def start_worker_pool(start_method: str | None = None) -> None:
         forkserver.ensure_running()
 
 
+def _log_path(fn: Callable[..., Any], rank: int, pid: int | None = None) -> str:
+    """Where a quiet worker's standard error goes under ``make test`` (``COURSE_SUBPROCESS_LOGS``)."""
+    folder = os.environ["COURSE_SUBPROCESS_LOGS"]
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"launch-{getattr(fn, '__name__', 'fn')}-{pid or os.getpid()}-rank{rank}.log")
+
+
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple[Any, ...],
            queue: Any, timeout: float, backend: str, env: dict[str, str], quiet: bool) -> None:
     """What each launched process runs: join the group, call ``fn``, send back its result."""
-    if quiet:  # this process only: its errors still come back through the queue
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.close(devnull)
+    if quiet:  # this process only: its errors still come back through the queue. Under `make test`
+        # (COURSE_SUBPROCESS_LOGS set) the lines go to a file, for the report of a rank that dies.
+        sink = os.devnull if not os.environ.get("COURSE_SUBPROCESS_LOGS") else _log_path(fn, rank)
+        fd = os.open(sink, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
@@ -83,14 +95,40 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: 
             extra["device_id"] = torch.device("cuda", rank)
         else:
             torch.set_num_threads(1)
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
+        # The job's store (rank 0 serves it), made here so that the ranks can also meet outside the process
+        # group: after a collective fails, the group can no longer be trusted to carry a barrier.
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
+                              timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout), **extra)
         try:
             queue.put((rank, True, fn(rank, world_size, *args)))
+        except BaseException:
+            queue.put((rank, False, traceback.format_exc()))
         finally:
+            _leave_together(store, rank, world_size, deadline=time.monotonic() + timeout)
+            gc.collect()  # what ``fn`` built and still holds the group (DDP, FSDP2): freed while Python runs
             dist.destroy_process_group()
     except BaseException:
         queue.put((rank, False, traceback.format_exc()))
+
+
+def _leave_together(store: dist.Store, rank: int, world_size: int, deadline: float) -> None:
+    """Return once every rank has finished its function (or at ``deadline``). A rank that left while another
+    still waited in a collective would change that rank's error: the peer's "Connection closed by peer"
+    instead of its own timeout. Rank 0 serves the store, so it leaves last: the others tell it they are
+    done waiting before they go."""
+    try:
+        if store.add("course/finished", 1) < world_size:
+            while store.add("course/finished", 0) < world_size and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if rank == 0:
+            while store.add("course/left", 0) < world_size - 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            store.add("course/left", 1)
+    except (RuntimeError, dist.DistStoreError):  # rank 0 has gone already: nobody is left to wait for
+        pass
 
 
 def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 60.0,
@@ -149,7 +187,7 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
                 if dead:
                     raise WorkerError(f"{fn.__name__}: rank {dead[0]} died with exit code "
-                                      f"{procs[dead[0]].exitcode}") from None
+                                      f"{procs[dead[0]].exitcode}{_log_tail(fn, dead[0], procs[dead[0]].pid)}") from None
                 continue
             if not good:
                 raise WorkerError(_first_failure(fn.__name__, {rank: value}, queue))
@@ -161,6 +199,18 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
                 p.kill()
                 p.join()
     return [results[r] for r in range(world_size)]
+
+
+def _log_tail(fn: Callable[..., Any], rank: int, pid: int | None, lines: int = 30) -> str:
+    """The end of a quiet worker's standard error, when ``make test`` kept it (else nothing)."""
+    if not os.environ.get("COURSE_SUBPROCESS_LOGS") or pid is None:
+        return ""
+    try:
+        with open(_log_path(fn, rank, pid), encoding="utf-8", errors="replace") as f:
+            tail = f.read().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "; its last lines on stderr:\n" + "\n".join(tail) if tail else ""
 
 
 def _first_failure(name: str, failures: dict[int, str], queue: Any, grace: float = 3.0) -> str:

@@ -35,8 +35,9 @@ import torch
 
 from .models import GPT, GPTConfig, token_batch
 
-__all__ = ["CONTEXT_BYTES", "MARGIN", "PRECISIONS", "WORKSPACE_BYTES", "MemoryPlan", "Term", "measure_peak",
-           "parameter_count", "plan_memory"]
+__all__ = ["ATTENTION", "CONTEXT_BYTES", "MARGIN", "MEASURED_PHASES", "MIXED_PRECISION", "PRECISIONS", "WORKSPACE_BYTES",
+           "MemoryPlan", "Term", "cublas_workspace_bytes", "measure_peak", "measure_rank", "parameter_count",
+           "plan_memory"]
 
 PRECISIONS = ("fp32", "bf16")
 MIXED_PRECISION = ("autocast", "policy")

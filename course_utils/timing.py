@@ -143,10 +143,12 @@ def benchmark(
         call()
     synchronize(dev)
     if number is None:
-        # Calibrate: grow the number of calls until one sample is long enough to time reliably.
+        # Calibrate: grow the number of calls until one sample is long enough to time reliably. A busy
+        # machine can only make a sample slower (another process took the core for a while), never faster,
+        # so the fastest of three says how long the calls take: one slowed sample must not end the search.
         number = 1
         while number < max_number:
-            (t,) = _time_samples(call, dev, number, 1)
+            t = min(_time_samples(call, dev, number, 3))
             if t * number >= min_sample_time:
                 break
             want = min_sample_time / max(t, 1e-9)

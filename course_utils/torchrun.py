@@ -134,12 +134,28 @@ def _finish(proc: subprocess.Popen[str], timeout: float, t0: float, cmd: list[st
             display: str) -> TorchrunResult:
     try:
         out, err = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        result = TorchrunResult(cmd, proc.returncode, out, err, time.monotonic() - t0, display)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every worker it started
         out, err = proc.communicate()
         err += f"\ntimeout: the job did not finish within {timeout:.0f} s and was killed\n"
-        return TorchrunResult(cmd, -9, out, err, time.monotonic() - t0, display)
-    return TorchrunResult(cmd, proc.returncode, out, err, time.monotonic() - t0, display)
+        result = TorchrunResult(cmd, -9, out, err, time.monotonic() - t0, display)
+    _keep_log(result)
+    return result
+
+
+def _keep_log(result: TorchrunResult) -> None:
+    """With ``COURSE_SUBPROCESS_LOGS`` set to a folder (``make test`` sets it), write everything the job
+    printed there, so that a failing test's report can show what the ranks said (show() keeps only the
+    lines a lesson needs)."""
+    folder = os.environ.get("COURSE_SUBPROCESS_LOGS")
+    if not folder:
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^\w.-]+", "_", result.display)[:80]
+    path = Path(folder) / f"torchrun-{time.strftime('%H%M%S')}-{os.getpid()}-{name}.log"
+    path.write_text(f"$ {result.display}\nexit code {result.returncode} after {result.seconds:.1f} s\n"
+                    f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}", encoding="utf-8")
 
 
 def torchrun(launcher_args: Sequence[str], train_args: Sequence[str], cwd: str | Path = ".",

@@ -130,6 +130,8 @@ def test_mismatched_collectives_under_detail() -> None:
 def test_error_message_drops_build_paths() -> None:
     exc = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out")
     assert W.error_message(exc) == "RuntimeError: Timed out"
+    peer = RuntimeError("Connection closed by peer [127.0.0.1]:4282. This is typically caused by a remote worker")
+    assert W.error_message(peer).startswith("RuntimeError: Connection closed by peer [127.0.0.1]:PORT. This is")
 
 
 TRAIN_SCRIPT = """\
