@@ -9,11 +9,14 @@ the device, the PyTorch and CUDA versions and the date.
 
     python benchmarks/memory_phases.py --output build/memory_phases        # every job: phases.json
     python benchmarks/memory_phases.py --output DIR --snapshots            # and an allocator history per
-                                                                           # snapshot job (snapshot-NAME.pickle)
+                                                                           # snapshot job (snapshot-N.pickle)
+    python benchmarks/memory_phases.py --output DIR --cpu-ranks            # FSDP2 on 2 and 4 gloo ranks
 
 ``--snapshots`` also writes probes.json: what the plan's small terms rest on (the cuBLAS workspaces a forward
 and a backward allocate, the dtypes of LayerNorm's saved statistics, what autocast does to each norm).
-Exits with status 2 on a machine without a CUDA GPU.
+``--cpu-ranks`` needs no GPU: FSDP2's terms that depend on the world size (the all-gather buffers, the shards,
+the reduce-scatter inputs), measured by each rank's CPU allocator (cpu-ranks.json; workspaces 0, fused AdamW).
+Without ``--cpu-ranks``, exits with status 2 on a machine without a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from course_utils.memory_plan import MEASURED_PHASES, measure_peak, plan_memory  # noqa: E402
+from course_utils.launch import launch  # noqa: E402
+from course_utils.memory_plan import MEASURED_PHASES, measure_peak, measure_rank, plan_memory  # noqa: E402
 from course_utils.models import GPTConfig  # noqa: E402
 
 SHAPES = {
@@ -105,20 +109,44 @@ def run(job: tuple, snapshot: Path | None = None) -> dict:
     cfg = replace(SHAPES[shape], batch=batch)
     got = measure_peak(cfg, precision, ckpt, stage, fused, mixed, snapshot=snapshot)
     row = {"job": job_name(job), "config": asdict(cfg), "options": list(job[2:]), "measured": got}
-    try:
-        plan = plan_memory(cfg, precision, ckpt, stage, 1, fused, mixed_precision=mixed)
-        row["predicted"] = {p: sum(t.nbytes for t in terms) for p, terms in plan.phases.items()}
-        row["predicted_peak_phase"] = plan.peak_phase
-    except (TypeError, ValueError) as exc:  # a plan without that option: the measurement still counts
-        row["predicted"] = f"{type(exc).__name__}: {exc}"
+    plan = plan_memory(cfg, precision, ckpt, stage, 1, fused, mixed_precision=mixed)
+    row["predicted"] = plan.by_measured_phase
+    row["plan phases"] = {p: sum(t.nbytes for t in terms) for p, terms in plan.phases.items()}
     return row
+
+
+CPU_RANK_SHAPE = GPTConfig(vocab=512, seq_len=128, d_model=128, n_heads=4, n_layers=4, batch=8)
+CPU_RANK_JOBS = [("fp32", False, 3, None), ("fp32", True, 3, None), ("bf16", False, 3, "policy"),
+                 ("bf16", True, 3, "policy"), ("fp32", False, 2, None), ("bf16", True, 2, "policy")]
+
+
+def cpu_ranks(output: Path) -> int:
+    """FSDP2 on W gloo ranks of this machine's CPU: each rank's phases against the plan for world size W."""
+    rows = []
+    for world in (2, 4):
+        for precision, ckpt, stage, mixed in CPU_RANK_JOBS:
+            options = {"precision": precision, "checkpointing": ckpt, "stage": stage, "fused_adamw": True,
+                       "mixed_precision": mixed, "device": "cpu"}
+            measured = launch(measure_rank, world, CPU_RANK_SHAPE, options, timeout=300, quiet=True)
+            plan = plan_memory(CPU_RANK_SHAPE, precision, ckpt, stage, world, True, mixed, workspace=0)
+            rows.append({"world": world, "options": options, "predicted": plan.by_measured_phase,
+                         "measured": measured})
+            errors = [plan.by_measured_phase[p] / measured[0][p] - 1 for p in MEASURED_PHASES]
+            print(f"{world} ranks, {precision} {mixed or ''} {'ckpt ' if ckpt else ''}stage {stage}: rank 0 "
+                  + "  ".join(f"{e:+.1%}" for e in errors), flush=True)
+    (output / "cpu-ranks.json").write_text(json.dumps(rows, indent=1))
+    return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, required=True, help="folder for phases.json (and snapshots)")
     parser.add_argument("--snapshots", action="store_true", help="also the snapshot jobs and the probes")
+    parser.add_argument("--cpu-ranks", action="store_true", help="FSDP2 on 2 and 4 gloo ranks of the CPU instead")
     args = parser.parse_args()
+    if args.cpu_ranks:
+        args.output.mkdir(parents=True, exist_ok=True)
+        return cpu_ranks(args.output)
     if not torch.cuda.is_available():
         print("memory_phases.py needs a CUDA GPU: none is visible", file=sys.stderr)
         return 2
@@ -144,9 +172,8 @@ def main() -> int:
         if "error" in row:
             print(f"{row['job']:<36} {row['error']}", flush=True)
             continue
-        cells = [f"{row['measured'][p] / 2**30:6.2f}" for p in MEASURED_PHASES]
-        print(f"{row['job']:<36} " + " ".join(cells) + f"   peak {row['measured']['peak'] / 2**30:6.2f} GiB",
-              flush=True)
+        cells = [f"{row['predicted'][p] / 2**30:6.2f}/{row['measured'][p] / 2**30:6.2f}" for p in MEASURED_PHASES]
+        print(f"{row['job']:<36} " + " ".join(cells) + "  GiB predicted/measured", flush=True)
     return 0
 
 

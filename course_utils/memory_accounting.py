@@ -14,8 +14,11 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -94,6 +97,22 @@ def plot_memory_timeline(timeline: Sequence[int], phases: Sequence[tuple[str, in
     return fig
 
 
+@contextmanager
+def _no_native_stderr() -> Iterator[None]:
+    """Silence what C++ code writes to file descriptor 2 meanwhile: the profiler's "profiler_start" and
+    "profiler_stop" log lines, which say nothing about the measurement."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 class CpuAllocations:
     """What the CPU allocator holds during a ``with`` block, counted from its start::
 
@@ -118,7 +137,8 @@ class CpuAllocations:
         self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
 
     def __enter__(self) -> CpuAllocations:
-        self._profiler.__enter__()
+        with _no_native_stderr():
+            self._profiler.__enter__()
         return self
 
     def mark(self, name: str) -> None:
@@ -130,15 +150,17 @@ class CpuAllocations:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._profiler.__exit__(kind, error, tb)
+        with _no_native_stderr():
+            self._profiler.__exit__(kind, error, tb)
         if kind is not None:
             return
         with tempfile.TemporaryDirectory() as folder:
             trace = Path(folder) / "trace.json"
             self._profiler.export_chrome_trace(str(trace))
             events = json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]
-        memory = sorted((e["args"] for e in events if e.get("name") == "[memory]"),
-                        key=lambda a: a.get("Ev Idx", 0))
+        # in time order, across threads (gloo's threads allocate too): the running total is process-wide
+        memory = [e["args"] for e in sorted((e for e in events if e.get("name") == "[memory]"),
+                                            key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)))]
         # the profiler's total runs on across profiling sessions: count from where it stood when this began
         before = memory[0]["Total Allocated"] - memory[0]["Bytes"] if memory else 0
         totals = [(a["Bytes"], a["Total Allocated"] - before) for a in memory]

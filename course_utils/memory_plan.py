@@ -117,6 +117,15 @@ class MemoryPlan:
         """What the GPU must have: the peak, the allocator's margin on it, and the CUDA context."""
         return self.peak * (1 + self.margin) + self.context
 
+    @property
+    def by_measured_phase(self) -> dict[str, float]:
+        """The predicted peak of each of `MEASURED_PHASES` (the largest of the plan's phases within it), to
+        set beside what `measure_peak` returns."""
+        groups = {"forward": "forward", "backward (the loss)": "backward (the loss)",
+                  "backward (blocks)": "backward (block", "optimizer step": "optimizer step"}
+        return {m: max(sum(t.nbytes for t in terms) for p, terms in self.phases.items() if p.startswith(prefix))
+                for m, prefix in groups.items()}
+
     def fits(self, gpu_bytes: float) -> bool:
         return self.total <= gpu_bytes
 
@@ -135,8 +144,9 @@ class MemoryPlan:
 
 def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = False, stage: int = 0,
                 world_size: int = 1, fused_adamw: bool = False, mixed_precision: str | None = None, *,
-                tied_head: bool = False, attention: str = "fused", workspace: float = WORKSPACE_BYTES,
-                context: float = CONTEXT_BYTES, margin: float = MARGIN) -> MemoryPlan:
+                tied_head: bool = False, attention: str = "fused", autocast_cache: bool = True,
+                workspace: float = WORKSPACE_BYTES, context: float = CONTEXT_BYTES,
+                margin: float = MARGIN) -> MemoryPlan:
     """Predict the memory of one training step of `GPT` of shape ``cfg`` on each of ``world_size`` GPUs
     (``cfg.batch`` sequences per GPU), phase by phase. See the module's docstring for the options."""
     mixed = _resolve(precision, stage, world_size, mixed_precision)
@@ -183,8 +193,14 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
                    "final norm, head input, log-softmax of the logits, targets, positions")
     logits = Term("logits", b * t * v * (act + (4 if act == 2 else 0)),
                   "the head's output" + (" and its float32 copy for the loss" if act == 2 else ""))
+    # autocast's bf16 copies of the weights: cached until autocast exits (unless cache_enabled=False), and
+    # saved by the linear layers for backward (the blocks' only when they are not checkpointed)
+    cached = mixed == "autocast" and autocast_cache
+    copies = ([Term("bf16 weight copies", 2 * ((0 if checkpointing else L * 12 * d * d) + d * v),
+                    "saved by the linear layers" + (" (the head's: the blocks' are recomputed)"
+                                                   if checkpointing else ""))] if mixed == "autocast" else [])
     cache = ([Term("autocast's cast cache", 2 * (L * linear_block + d * v + v), "bf16 copies of every linear "
-                   "layer's weights, kept until autocast exits")] if mixed == "autocast" else [])
+                   "layer's weights and biases, kept until autocast exits")] if cached else copies)
     gathered_fwd = ([Term("gathered blocks", p * L * n_block, "every block, gathered until its backward "
                           "(reshard_after_forward=False)")] if stage == 2 else [])
 
@@ -198,19 +214,15 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
         norm_out = {"fp32": 4, "autocast": 4 + 2, "policy": 2}[mixed]
         in_block.append(Term("block in flight", (4 * act + res + norm_out + 8 * act) * btd,
                              "the last block's forward, not saved"))
-    if mixed == "autocast":
-        in_block.append(Term("autocast's cast cache", 2 * L * linear_block, "bf16 copies of the blocks' weights"))
+    if mixed == "autocast" and (cached or not checkpointing):
+        in_block.append(Term("bf16 weight copies", 2 * L * (linear_block if cached else 12 * d * d),
+                             "of the blocks' weights: " + ("autocast's cache" if cached else "saved for backward")))
     phases: dict[str, tuple[Term, ...]] = {
         "forward (last block)": tuple(in_block),
         "forward (the loss)": (*base, *root, *gathered_fwd, acts, outside, *cache, logits),
     }
 
     # --- the start of backward: the loss's gradient ------------------------------------------------------
-    copies = []
-    if mixed == "autocast":  # after autocast exits, what the linear layers saved: their bf16 weights
-        copies = [Term("bf16 weight copies", 2 * ((0 if checkpointing else L * 12 * d * d) + d * v),
-                       "saved by the linear layers" + (" (the head's: the blocks' are recomputed)"
-                                                      if checkpointing else ""))]
     prefetched = ([Term("prefetched block", buffer, "the last block's all-gather, issued early")]
                   if stage == 3 and buffer else [])
     phases["backward (the loss)"] = (*base, *root, *gathered_fwd, *prefetched, acts, outside, *copies,
@@ -218,8 +230,12 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
                                           "tensors in the loss's backward (nll_loss's and log_softmax's)"))
 
     # --- backward through the blocks, last first: gradients grow, activations shrink --------------------
-    # the gradients in flight through a block's MLP: the residual's, a 4·d-wide one and a d-wide one
+    # Inside block i's backward the peak comes in its MLP (backward starts there): the block recomputed (when
+    # checkpointed), the MLP's weight gradients already made, and the gradients flowing through the MLP (the
+    # residual's, a 4·d-wide one, a d-wide one). With FSDP2 a second moment follows once the block is done:
+    # its gathered weights are freed, and its gradient is copied into a float32 reduce-scatter input.
     in_flight = (res + 4 * act + act) * btd
+    mlp = 8 * d * d + 5 * d  # the MLP's parameters: their gradients come first in a block's backward
     for i in (L - 1, 0):  # the sums are linear in i: the extremes hold the maximum
         done = (L - 1 - i) * n_block  # blocks whose gradients are complete
         terms = [*base, *root]
@@ -229,15 +245,16 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
             terms.append(Term("gathered blocks", p * n_block + buffer, "this block" +
                               (" and the next one, prefetched" if buffer else "")))
         if fsdp:
-            terms += [Term("root gradients", p * n_head, f"the head's and final norm's, {dtype}, unsharded "
-                           "until backward ends"),
-                      Term("gradients so far", 4 * done / W, "float32, reduce-scattered" + _per(W)),
-                      Term("block gradient", p * n_block, f"this block's, {dtype}, before its reduce-scatter")]
+            grads = [Term("root gradients", p * n_head, f"the head's and final norm's, {dtype}, unsharded "
+                          "until backward ends"),
+                     Term("gradients so far", 4 * done / W, "float32, reduce-scattered" + _per(W))]
+            terms += [*grads, Term("block gradient", p * mlp, f"this block's MLP's, {dtype}")]
             if i < L - 1:
                 terms.append(Term("reduce-scatter buffer", 4 * n_block, "the previous block's float32 "
                                   "reduce-scatter input, kept until this block's is issued"))
         else:
-            terms.append(Term("gradients so far", 4 * (n_head + done) / shard[2], "float32" + _per(shard[2])))
+            terms.append(Term("gradients so far", 4 * (n_head + done + mlp) / shard[2],
+                              "float32, this block's MLP's included" + _per(shard[2])))
         terms.append(Term("activations", (i + 1) * kept, f"of blocks 0 to {i}"))
         if checkpointing:
             terms.append(Term("recomputed block", per_block, "its forward run again, everything saved"))
@@ -246,6 +263,18 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
                               "of the blocks not yet through backward"))
         terms.append(Term("gradients in flight", in_flight, "through the MLP"))
         phases[f"backward (block {i})"] = tuple(terms)
+        if fsdp:  # the block is done: reshard it, then reduce-scatter its gradient (the previous input freed)
+            after = [*base, *root, *grads,
+                     Term("reduce-scatter input", 4 * n_block, "this block's gradient in float32"),
+                     Term("block gradient or its shard", max(p * n_block, 4 * n_block / W),
+                          f"the {dtype} gradient until copied, then the float32 reduce-scatter output"),
+                     Term("activations", i * kept, f"of blocks 0 to {i - 1}"),
+                     Term("gradient in flight", res * btd, "the residual's, to the block before")]
+            if stage == 2:
+                after.append(Term("gathered blocks", p * i * n_block, f"blocks 0 to {i - 1}, still gathered"))
+            if stage == 3 and buffer:
+                after.append(Term("prefetched block", buffer, "the next block's all-gather"))
+            phases[f"backward (block {i}, reduce-scatter)"] = tuple(after)
 
     # --- the optimizer's step ---------------------------------------------------------------------------
     opt = [*base, Term("gradients", 4 * n / shard[2], "float32" + _per(shard[2]))]
@@ -292,14 +321,16 @@ MEASURED_PHASES = ("forward", "backward (the loss)", "backward (blocks)", "optim
 
 def measure_peak(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = False, stage: int = 0,
                  fused_adamw: bool = False, mixed_precision: str | None = None, warmup: int = 2,
-                 device: str = "cuda", snapshot: str | os.PathLike[str] | None = None) -> dict[str, int]:
+                 device: str = "cuda", snapshot: str | os.PathLike[str] | None = None,
+                 autocast_cache: bool = True) -> dict[str, int]:
     """Build `GPT` of shape ``cfg`` and AdamW, train ``warmup`` steps, then measure one step's phases.
 
     ``stage`` 0 trains the model as it is; 2 and 3 shard it with FSDP2's ``fully_shard`` (each block, then the
     root; ``reshard_after_forward=False`` for stage 2) over the process group that is initialised, or over a
     one-rank group made for the measurement (NCCL on a GPU, gloo on the CPU), so that the gathered parameters,
     the reduce-scatter buffers and the mixed-precision casts are FSDP2's own. ``mixed_precision`` is resolved
-    as `plan_memory` resolves it; ``cfg.batch`` is this process's batch.
+    as `plan_memory` resolves it; ``autocast_cache=False`` passes ``cache_enabled=False`` to autocast;
+    ``cfg.batch`` is this process's batch.
 
     ``device="cuda"`` reads the caching allocator's counters (``torch.cuda.max_memory_allocated()``), after
     freeing the cuBLAS workspaces so that the step allocates its own; ``device="cpu"`` reads the CPU
@@ -333,7 +364,7 @@ def measure_peak(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = 
                                 world_size=1, device_id=where if where.type == "cuda" else None)
     counter = _CudaCounter(where, snapshot) if where.type == "cuda" else _CpuCounter()
     try:
-        return _measure(cfg, mixed, checkpointing, stage, fused_adamw, warmup, where, counter)
+        return _measure(cfg, mixed, checkpointing, stage, fused_adamw, warmup, where, counter, autocast_cache)
     finally:
         if own_group:
             dist.destroy_process_group()
@@ -417,17 +448,22 @@ class _CpuCounter:
 
 
 def _measure(cfg: GPTConfig, mixed: str, checkpointing: bool, stage: int, fused_adamw: bool, warmup: int,
-             device: torch.device, counter: _CudaCounter | _CpuCounter) -> dict[str, int]:
+             device: torch.device, counter: _CudaCounter | _CpuCounter, autocast_cache: bool) -> dict[str, int]:
     torch.manual_seed(0)
     model = GPT(cfg, checkpointed=checkpointing).to(device)
     if stage >= 2:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if mixed == "policy" else MixedPrecisionPolicy())
+        # the mesh names the device: without it fully_shard takes the machine's accelerator, CUDA on a GPU
+        # host, even for a model measured on the CPU
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         for block in model.blocks:
-            fully_shard(block, mp_policy=policy, reshard_after_forward=stage == 3)
-        fully_shard(model, mp_policy=policy, reshard_after_forward=None if stage == 3 else False)
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=stage == 3)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=None if stage == 3 else False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw or None)
     tokens = token_batch(cfg, torch.Generator().manual_seed(0)).to(device)
     watch = {"on": False}
@@ -440,7 +476,8 @@ def _measure(cfg: GPTConfig, mixed: str, checkpointing: bool, stage: int, fused_
     for step in range(warmup + 1):
         counter.begin_step(measured=step == warmup)
         watch["on"] = step == warmup
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed == "autocast"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed == "autocast",
+                            cache_enabled=autocast_cache):
             loss = model.loss(tokens)
         watch["on"] = False
         counter.close("forward")

@@ -153,6 +153,15 @@ def _plan_states_and_activations(cfg: GPTConfig, world_size: int, budget: float)
     return None
 
 
+def _plan_peak_only(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
+    """The allocated peak against the budget, without the CUDA context and the allocator's margin."""
+    for checkpointed in (False, True):
+        for stage in range(4):
+            if plan_memory(cfg, "bf16", checkpointed, stage, world_size).peak <= budget:
+                return stage, checkpointed
+    return None
+
+
 def _plan_highest_stage(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
     for checkpointed in (False, True):
         fits = [s for s in range(4) if plan_memory(cfg, "bf16", checkpointed, s, world_size).fits(budget)]
@@ -164,10 +173,11 @@ def _plan_highest_stage(cfg: GPTConfig, world_size: int, budget: float) -> tuple
 def test_memory_plan_checker_names_each_mistake() -> None:
     solution = _solution_plan()
     mistakes: list[tuple[Callable[..., Any], str]] = [
-        (_plan_states_and_activations, "fits the states and the saved activations"),
+        (_plan_states_and_activations, "Counting only the states and the saved activations"),
+        (_plan_peak_only, "The allocated peak alone fits"),
         (lambda cfg, w, budget: (0, True), "checkpoints activations, but a ZeRO stage fits without"),
         (_plan_highest_stage, "a lower stage fits too"),
-        (lambda cfg, w, budget: solution(cfg, w, budget) or (3, True), "It would run out of memory"),
+        (lambda cfg, w, budget: solution(cfg, w, budget) or (3, True), "GiB per GPU: its largest phase"),
         (lambda cfg, w, budget: None, "you found no plan, but"),
         (lambda cfg, w, budget: list(solution(cfg, w, budget) or ()) or None, "returned [0, False]; expected"),
         (lambda cfg, w, budget: (5, False), "returned (5, False); expected (stage, checkpointed)"),

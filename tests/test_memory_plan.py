@@ -1,86 +1,212 @@
 """course_utils.memory_plan: the planner's terms against what a CPU step really holds, and its bad input.
 
-The allocated peak itself is validated on an H200 by notebook 08's recorded cell ``08-memory-plan``."""
+Every phase is validated on an H200 by notebook 08's recorded cell ``08-memory-plan``; here, on the CPU: the
+saved activations to the byte (float32, fused and math attention), every phase of one step measured by the CPU
+allocator (`measure_peak(device="cpu")`, plain and with FSDP2 on one rank), the cast cache of autocast, and
+the structure of the terms (what each stage shards, what each option adds)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from course_utils.memory_accounting import saved_tensor_bytes
-from course_utils.memory_plan import MemoryPlan, measure_peak, parameter_count, plan_memory
+from course_utils.memory_accounting import CpuAllocations, saved_tensor_bytes
+from course_utils.memory_plan import (
+    MEASURED_PHASES,
+    MemoryPlan,
+    cublas_workspace_bytes,
+    measure_peak,
+    parameter_count,
+    plan_memory,
+)
 from course_utils.models import GPT, GPTConfig, token_batch
 
 SHAPES = (GPTConfig(), GPTConfig(vocab=50, seq_len=12, d_model=24, n_heads=3, n_layers=3, batch=5),
           GPTConfig(vocab=300, seq_len=40, d_model=48, n_heads=6, n_layers=2, batch=3))
+LARGE = GPTConfig(vocab=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=8, batch=16)
 
 
 def _term(plan: MemoryPlan, phase: str, name: str) -> float:
     return sum(t.nbytes for t in plan.phases[phase] if t.name == name)
 
 
+def _names(plan: MemoryPlan, phase: str) -> set[str]:
+    return {t.name for t in plan.phases[phase]}
+
+
 @pytest.mark.parametrize("cfg", SHAPES)
 def test_parameter_count_equals_a_real_gpt(cfg: GPTConfig) -> None:
     assert parameter_count(cfg) == sum(p.numel() for p in GPT(cfg).parameters())
+    tied = GPT(cfg)
+    tied.head.weight = tied.tok.weight  # one tensor, counted once
+    assert parameter_count(cfg, tied_head=True) == sum(p.numel() for p in tied.parameters())
+
+
+def _saved(cfg: GPTConfig, checkpointing: bool, backend: SDPBackend | None = None) -> int:
+    torch.manual_seed(0)
+    model = GPT(cfg, checkpointed=checkpointing)
+    tokens = token_batch(cfg, torch.Generator().manual_seed(0))
+    if backend is None:
+        return saved_tensor_bytes(lambda: model.loss(tokens), exclude=model)[1]
+    with sdpa_kernel(backend):
+        return saved_tensor_bytes(lambda: model.loss(tokens), exclude=model)[1]
+
+
+def _planned_saved(plan: MemoryPlan) -> float:
+    return sum(_term(plan, "backward (the loss)", n) for n in ("activations", "activations outside blocks",
+                                                                 "the batch"))
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("cfg", SHAPES)
 def test_fp32_activation_terms_equal_what_autograd_saves(cfg: GPTConfig, checkpointing: bool) -> None:
+    assert _planned_saved(plan_memory(cfg, "fp32", checkpointing)) == _saved(cfg, checkpointing)
+
+
+def test_math_attention_saves_the_probabilities() -> None:
+    """attention="math": PyTorch's reference attention saves the t × t probabilities of every head."""
+    cfg = SHAPES[2]
+    saved = _saved(cfg, False, SDPBackend.MATH)
+    assert _planned_saved(plan_memory(cfg, "fp32", attention="math")) == saved
+    assert saved > _saved(cfg, False)
+
+
+def test_the_checkpointed_gpt_is_the_hand_written_one() -> None:
+    """GPT(checkpointed=True) is section 2's loop of checkpoint(block, x, use_reentrant=False): same loss and
+    gradients, and the same saved bytes."""
+    cfg = SHAPES[2]
+    tokens = token_batch(cfg, torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     model = GPT(cfg)
-    tokens = token_batch(cfg, torch.Generator().manual_seed(0))
 
-    def loss() -> torch.Tensor:
-        if not checkpointing:
-            return model.loss(tokens)
+    def by_hand() -> torch.Tensor:
         x = model.tok(tokens[:, :-1]) + model.pos(torch.arange(cfg.seq_len - 1))
         for block in model.blocks:
             x = checkpoint(block, x, use_reentrant=False)
         return F.cross_entropy(model.head(model.norm(x)).flatten(0, 1), tokens[:, 1:].flatten())
 
-    _, saved = saved_tensor_bytes(loss, exclude=model)
-    plan = plan_memory(cfg, "fp32", checkpointing)
-    phase = "backward (the loss)"
-    predicted = sum(_term(plan, phase, n) for n in ("activations", "activations outside blocks", "the batch"))
-    assert predicted == saved
+    loss, saved = saved_tensor_bytes(by_hand, exclude=model)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    model.checkpointed = True
+    loss2, saved2 = saved_tensor_bytes(lambda: model.loss(tokens), exclude=model)
+    loss2.backward()
+    assert torch.equal(loss, loss2) and saved == saved2
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(("checkpointing", "stage"), [(False, 0), (True, 0), (True, 3)])
+def test_every_phase_against_the_cpu_allocator(checkpointing: bool, stage: int) -> None:
+    """One step measured by the CPU allocator: forward, the loss's backward and the optimizer's step within 1%;
+    backward through the blocks, where the plan adds up what several moments hold, at most 6% high.
+    (Fused AdamW: the CPU's default AdamW has none of foreach's temporaries; a CPU has no cuBLAS workspace.)"""
+    cfg = GPTConfig(vocab=256, seq_len=128, d_model=128, n_heads=4, n_layers=4, batch=4)
+    plan = plan_memory(cfg, "fp32", checkpointing, stage, fused_adamw=True, workspace=0)
+    got = measure_peak(cfg, "fp32", checkpointing, stage, fused_adamw=True, device="cpu")
+    assert set(got) >= {*MEASURED_PHASES, "peak", "between steps"}
+    for phase in MEASURED_PHASES:
+        error = plan.by_measured_phase[phase] / got[phase] - 1
+        if phase == "backward (blocks)":
+            assert -0.01 <= error <= 0.06, (phase, error, got)
+        else:
+            assert abs(error) <= 0.01, (phase, error, got)
+    n = parameter_count(cfg)
+    assert got["between steps"] >= 12 * n  # the parameters and AdamW's two moments stay
+
+
+def test_autocast_keeps_its_casts_until_it_exits() -> None:
+    """The cast cache, measured: six checkpointed layers keep their bf16 weights until autocast exits, unless
+    cache_enabled=False; the plan's forward phase counts them when the blocks are checkpointed."""
+    layers = [torch.nn.Linear(256, 256) for _ in range(6)]
+    x = torch.randn(8, 256, requires_grad=True)
+    casts = 6 * 256 * 256 * 2
+
+    def alive(cache_enabled: bool) -> tuple[int, int]:
+        with CpuAllocations() as cpu:
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache_enabled):
+                h = x
+                for layer in layers:
+                    h = checkpoint(layer, h, use_reentrant=False)
+                cpu.mark("end of forward")
+            cpu.mark("exited")
+            del h
+        return cpu.at["end of forward"], cpu.at["exited"]
+
+    end, exited = alive(True)
+    assert end - exited >= casts
+    end, exited = alive(False)
+    assert end - exited < casts / 6
+    plan = plan_memory(LARGE, "bf16", checkpointing=True)
+    cache = _term(plan, "forward (the loss)", "autocast's cast cache")
+    assert cache >= 2 * parameter_count(LARGE) - 2 * (LARGE.vocab + LARGE.seq_len) * LARGE.d_model - 2 * 10**6
+    assert "autocast's cast cache" not in _names(plan_memory(LARGE, "bf16", True, autocast_cache=False),
+                                                 "forward (the loss)")
 
 
 def test_phases_and_terms() -> None:
-    cfg = GPTConfig(vocab=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=8, batch=16)
-    n = parameter_count(cfg)
-    plan = plan_memory(cfg, "bf16")
+    n = parameter_count(LARGE)
+    plan = plan_memory(LARGE, "bf16")
     assert plan.peak_phase == "backward (the loss)"
     assert plan.peak == sum(t.nbytes for t in plan.terms)
     assert plan.total == pytest.approx(plan.peak * 1.1 + plan.context)
+    assert set(plan.by_measured_phase) == set(MEASURED_PHASES)
+    assert max(plan.by_measured_phase.values()) == plan.peak
     assert _term(plan, "optimizer step", "AdamW temporaries") == 4 * n
-    assert "AdamW temporaries" not in {t.name for t in plan_memory(cfg, fused_adamw=True).phases["optimizer step"]}
-    # sharding divides exactly the states each stage shards
-    for stage, sharded in [(1, {"AdamW state"}), (2, {"AdamW state", "gradients"}),
+    assert "AdamW temporaries" not in _names(plan_memory(LARGE, fused_adamw=True), "optimizer step")
+    assert _term(plan, "optimizer step", "cuBLAS workspaces") == 2 * cublas_workspace_bytes(9) == 64 * 2**20
+    assert cublas_workspace_bytes(8) == 8 * 2**20 + 128 * 2**10
+    # what each stage divides by the world size: 1 the optimizer state, 2 and 3 (FSDP2) gradients and parameters
+    for stage, sharded in [(1, {"AdamW state"}), (2, {"AdamW state", "gradients", "parameters"}),
                            (3, {"AdamW state", "gradients", "parameters"})]:
-        one, eight = plan_memory(cfg, stage=stage), plan_memory(cfg, stage=stage, world_size=8)
+        one, eight = plan_memory(LARGE, stage=stage), plan_memory(LARGE, stage=stage, world_size=8)
         for name in ("parameters", "AdamW state", "gradients"):
             ratio = _term(one, "optimizer step", name) / _term(eight, "optimizer step", name)
             assert ratio == (8 if name in sharded else 1), (stage, name)
     # checkpointing trades the saved activations for one recomputed block
-    ckpt = plan_memory(cfg, "bf16", checkpointing=True)
+    ckpt = plan_memory(LARGE, "bf16", checkpointing=True)
     assert _term(ckpt, "backward (the loss)", "activations") < _term(plan, "backward (the loss)", "activations")
     assert _term(ckpt, "backward (block 7)", "recomputed block") > 0
-    assert "gathered blocks" in {t.name for t in plan_memory(cfg, stage=3, world_size=8).terms}
     # DDP keeps its gradient buckets (a second copy of the gradients) for stages 0 and 1 on several GPUs
     for stage, world, buckets in [(0, 1, 0), (0, 8, 4 * n), (1, 8, 4 * n), (2, 8, 0), (3, 8, 0)]:
-        plan_w = plan_memory(cfg, stage=stage, world_size=world)
-        assert _term(plan_w, "optimizer step", "DDP gradient buckets") == buckets, (stage, world)
+        assert _term(plan_memory(LARGE, stage=stage, world_size=world), "optimizer step",
+                     "DDP gradient buckets") == buckets, (stage, world)
     assert plan.fits(80 * 2**30) and not plan.fits(4 * 2**30)
     assert "needed on the GPU" in plan.table()
+
+
+def test_fsdp2_terms() -> None:
+    """Stages 2 and 3 are FSDP2: the root stays gathered through backward (not at the optimizer's step), a
+    block's gradient goes through a float32 reduce-scatter input, and on several GPUs the all-gather's buffer
+    comes on top; with the policy, what is gathered is bf16."""
+    policy, autocast = plan_memory(LARGE, "bf16", stage=3, world_size=8), plan_memory(
+        LARGE, "bf16", stage=3, world_size=8, mixed_precision="autocast")
+    assert "bf16 (FSDP2 MixedPrecisionPolicy)" in policy.job and "bf16 (autocast)" in autocast.job
+    assert "gathered root" in _names(policy, "backward (block 0)")
+    assert "gathered root" not in _names(policy, "optimizer step")
+    one = plan_memory(LARGE, "bf16", stage=3)
+    gathered = _term(policy, "backward (block 0)", "gathered blocks")
+    assert gathered == 2 * _term(one, "backward (block 0)", "gathered blocks")  # the prefetch buffer on 8 GPUs
+    assert _term(autocast, "backward (block 0)", "gathered blocks") == 2 * gathered  # float32 against bf16
+    assert _term(policy, "backward (block 0, reduce-scatter)", "reduce-scatter input") > 0
+    assert "autocast's cast cache" in _names(autocast, "forward (the loss)")
+    assert "autocast's cast cache" not in _names(policy, "forward (the loss)")
+    stage2 = plan_memory(LARGE, "bf16", stage=2, world_size=8)
+    assert _term(stage2, "forward (the loss)", "gathered blocks") > _term(stage2, "backward (block 0)",
+                                                                           "gathered blocks")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"precision": "fp16"}, "precision must be one of"),
     ({"stage": 4}, "ZeRO stages are 0"),
     ({"world_size": 0}, "world_size must be at least 1"),
+    ({"precision": "bf16", "stage": 1, "mixed_precision": "policy"}, "has no MixedPrecisionPolicy"),
+    ({"precision": "bf16", "mixed_precision": "fp8"}, "mixed_precision must be one of"),
+    ({"mixed_precision": "autocast"}, "is for precision 'bf16'"),
+    ({"attention": "flash"}, "attention must be one of"),
 ])
 def test_bad_input(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -88,6 +214,10 @@ def test_bad_input(kwargs: dict[str, object], message: str) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
-def test_measure_peak_needs_a_gpu() -> None:
+def test_measure_peak_needs_a_gpu_for_cuda() -> None:
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         measure_peak(GPTConfig())
+    with pytest.raises(ValueError, match="stage 1 is DDP"):
+        measure_peak(GPTConfig(), stage=1, device="cpu")
+    with pytest.raises(ValueError, match="needs device='cuda'"):
+        measure_peak(GPTConfig(), device="cpu", snapshot="x.pickle")

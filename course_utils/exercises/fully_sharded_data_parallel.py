@@ -166,17 +166,25 @@ def check_memory_plan(fn: Callable[[GPTConfig, int, float], tuple[int, bool] | N
                         "try every stage without checkpointing first, then every stage with it.")
         plan = plan_memory(cfg, PLAN_PRECISION, got[1], got[0], w)
         if not plan.fits(budget):
+            need = (f"{plan.total / 2**30:.1f} GiB per GPU: its largest phase, {plan.peak_phase}, allocates "
+                    f"{plan.peak / 2**30:.1f} GiB, and the GPU also holds the CUDA context "
+                    f"({plan.context / 2**30:.1f} GiB) and the allocator's margin ({plan.margin:.0%} of that)")
+            if plan.peak <= budget:
+                return fail(f"for {where}, your plan {got} needs {need}. The allocated peak alone fits in "
+                            f"{budget / 2**30:.0f} GiB; the rest does not.",
+                            "a GPU holds more than the tensors PyTorch allocates: what does the plan add to "
+                            "its peak, and why?")
             states = reference_per_rank_bytes(parameter_count(cfg), w, got[0])
             saved = sum(t.nbytes for t in plan.phases["backward (the loss)"] if t.name.startswith("activations"))
             if states + saved <= budget:
-                return fail(f"for {where}, your plan {got} fits the states and the saved activations "
-                            f"({(states + saved) / 2**30:.1f} GiB), but not the step: its peak is "
-                            f"{plan.peak / 2**30:.1f} GiB ({plan.peak_phase}), {plan.total / 2**30:.1f} GiB "
-                            "with the allocator's margin and the CUDA context. It would run out of memory.",
-                            "a GPU runs out at the step's peak, with the tensors that live only for a moment: "
-                            "ask plan_memory whether the plan fits.")
-            return fail(f"for {where}, your plan {got} needs {plan.total / 2**30:.1f} GiB per GPU: it does not fit.",
-                        "ask plan_memory for each plan, in order.")
+                return fail(f"for {where}, your plan {got} needs {need}. Counting only the states and the "
+                            f"saved activations ({(states + saved) / 2**30:.1f} GiB) misses what lives for a "
+                            "moment: the logits' gradient, the gradients in flight, a recomputed block, "
+                            "AdamW's temporaries, the gathered units.",
+                            "a GPU runs out at the step's largest moment, not at what the step keeps: which "
+                            "tensors exist during one phase only?")
+            return fail(f"for {where}, your plan {got} needs {need}: it does not fit.",
+                        "check each plan in the order asked, and keep the first that fits.")
         assert want is not None  # the student's plan fits, so the reference finds one
         if got[1] and not want[1]:
             return fail(f"for {where}, your plan {got} checkpoints activations, but a ZeRO stage fits without "
@@ -236,8 +244,8 @@ def check_resume_on_one_process(fn: Callable[[str | os.PathLike[str]], tuple[nn.
     if missing:
         return fail(f"your optimizer has no state for {missing} of {len(params)} parameters: a fresh AdamW "
                     "would start again from zero moments and step 1.",
-                    "a resume needs the optimizer's state too: get_state_dict gives the structure to load "
-                    "into, set_state_dict puts what was loaded back.")
+                    "a resume needs everything the next step depends on, and AdamW's moments and step count "
+                    "are in the checkpoint too: section 4's resume loads them with the model's.")
     steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
     if steps != {RESUME_STEPS[0]}:
         return fail(f"your optimizer's step counts are {sorted(steps)}, not {RESUME_STEPS[0]}: its state is not "
