@@ -1,27 +1,37 @@
-"""Notebook 08: will a training job fit? A memory plan that predicts the **peak** bytes per GPU, term by term.
+"""Notebook 08: will a training job fit? A memory plan that predicts each **phase** of a step, term by term.
 
-`plan_memory(cfg, ...)` predicts the peak of one training step (forward, backward, AdamW step) of
+`plan_memory(cfg, ...)` predicts the memory of one training step (forward, backward, AdamW step) of
 `course_utils.models.GPT` of shape ``cfg`` (or any decoder-only transformer with the same numbers: token and
-learned position embeddings, pre-norm blocks with LayerNorm, attention through a fused kernel, a 4·d GELU
-MLP, an untied head), for:
+learned position embeddings, pre-norm blocks with LayerNorm, a 4·d GELU MLP, an untied head unless
+``tied_head=True``, attention through a fused kernel or, with ``attention="math"``, PyTorch's reference
+implementation), for:
 
-- a precision: ``"fp32"``, or ``"bf16"`` (``torch.autocast`` to bfloat16 with float32 weights, gradients
-  and AdamW state: the usual mixed precision);
-- activation checkpointing of every block (``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``);
-- a ZeRO stage (0: DDP or one GPU; 1: optimizer state sharded, as DDP with ``ZeroRedundancyOptimizer``; 2: and
-  gradients; 3: and parameters, as FSDP2's ``fully_shard`` on every block does) on ``world_size`` GPUs,
-  ``cfg.batch`` being one GPU's batch. Stages 0 and 1 on several GPUs count DDP's gradient buckets (a second
-  copy of the gradients, unless DDP is built with ``gradient_as_bucket_view=True``);
-- AdamW's implementation: ``foreach`` (the default on CUDA) or ``fused``.
+- a precision: ``"fp32"``, or ``"bf16"`` with float32 master weights and AdamW state, applied one of two
+  ways (`MIXED_PRECISION`): ``"autocast"`` (``torch.autocast`` casts the weights as they are used and caches
+  the casts until it exits; ``autocast_cache=False`` stands for ``cache_enabled=False``) or ``"policy"``
+  (FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``: weights cast as
+  they are gathered, every operation in bf16). Left out, the setup notebook 08 teaches: autocast for stages 0
+  and 1, the policy for stages 2 and 3;
+- activation checkpointing of every block (``checkpoint(..., use_reentrant=False)``, `GPT(cfg, checkpointed=True)`);
+- a ZeRO stage on ``world_size`` GPUs, ``cfg.batch`` being one GPU's batch: 0 (one GPU, or DDP), 1 (DDP with
+  ``ZeroRedundancyOptimizer``), 2 (FSDP2's ``fully_shard(..., reshard_after_forward=False)``: parameters,
+  gradients and optimizer state sharded between steps, every block gathered from forward to backward), 3
+  (``fully_shard``: blocks gathered one at a time). Stages 0 and 1 on several GPUs count DDP's gradient
+  buckets; stages 2 and 3 count the gathered root and blocks, the unsharded block gradient and the float32
+  reduce-scatter buffers, and on several GPUs the all-gather's output buffer (from FSDP2's source);
+- AdamW's implementation: ``foreach`` (CUDA's default) or ``fused``.
 
-The peak is the largest of the step's phases, each a sum of terms (`MemoryPlan.phases`): the end of forward,
-the start of backward (the loss's gradient), backward through each block (with checkpointing: the block
-recomputed), and the optimizer's step. Every term is a count of tensors from the model's shapes; none is
-fitted. Two terms lie outside what PyTorch's allocator counts and are stated separately: the CUDA context,
-and a margin for the caching allocator's rounding and fragmentation (`MemoryPlan.total`).
+Each phase is a sum of terms (`MemoryPlan.phases`): the end of the last block's forward and the end of forward
+(the loss), the start of backward (the loss's gradient), backward through each block (and, with FSDP2, the
+reduce-scatter that follows each), and the optimizer's step; `MemoryPlan.by_measured_phase`
+groups them as `measure_peak` measures. Every term is a count of tensors from the model's shapes; none is
+fitted. Two terms lie outside what PyTorch's allocator counts and are stated separately: the CUDA context, and
+a margin for the caching allocator's rounding and fragmentation (`MemoryPlan.total`).
 
-`measure_peak(cfg, ...)` measures the same step on a CUDA GPU: ``torch.cuda.max_memory_allocated()`` per
-phase, above what was allocated before the model was made, after warm-up steps.
+`measure_peak(cfg, ...)` measures the same step, phase by phase: on a CUDA GPU with the caching allocator's
+peak counter, on the CPU with the CPU allocator's running total (the profiler's memory events); stages 2 and 3
+with FSDP2 on a one-rank group (or each rank of a job that `course_utils.launch.launch` started:
+`measure_rank`).
 """
 
 from __future__ import annotations
@@ -51,9 +61,10 @@ ATTENTION = ("fused", "math")
 
 def cublas_workspace_bytes(major: int = 9) -> int:
     """The cuBLAS workspace PyTorch allocates through its caching allocator for each thread (and stream) that
-    runs matrix products, on a GPU of compute capability ``major``.x: 32 MiB on Hopper and Blackwell (9, 10,
-    12), 8 MiB + 128 KiB before (``parseChosenWorkspaceSize`` in ``aten/src/ATen/cuda/CublasHandlePool.cpp``;
-    ``CUBLAS_WORKSPACE_CONFIG`` overrides it). A training step has two: the forward's thread and autograd's."""
+    runs matrix products, on a GPU of compute capability ``major``.x, in recent PyTorch: 32 MiB on Hopper and
+    Blackwell (9, 10, 12; older releases gave 32 MiB to sm_90 only), 8 MiB + 128 KiB before
+    (``parseChosenWorkspaceSize`` in ``aten/src/ATen/cuda/CublasHandlePool.cpp``; ``CUBLAS_WORKSPACE_CONFIG``
+    overrides it). A training step has two: the forward's thread and autograd's (measured on the H200)."""
     return 32 * 2**20 if major in (9, 10, 12) else 8 * 2**20 + 128 * 2**10
 
 
@@ -209,6 +220,8 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
     if stage == 3:
         in_block.append(Term("gathered block", p * n_block + buffer, "the last block's parameters" +
                              (" and its all-gather buffer" if buffer else "")))
+    if stage == 2 and buffer:
+        in_block.append(Term("all-gather buffer", buffer, "the last block's, kept until the root's forward ends"))
     if checkpointing:  # at its GELU: q, k, v and the attention's output (Python locals), the residual, the
         # second norm's output (and its bf16 copy under autocast), the first MLP layer's output and the GELU's
         norm_out = {"fp32": 4, "autocast": 4 + 2, "policy": 2}[mixed]
@@ -236,7 +249,7 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
     # its gathered weights are freed, and its gradient is copied into a float32 reduce-scatter input.
     in_flight = (res + 4 * act + act) * btd
     mlp = 8 * d * d + 5 * d  # the MLP's parameters: their gradients come first in a block's backward
-    for i in (L - 1, 0):  # the sums are linear in i: the extremes hold the maximum
+    for i in reversed(range(L)):  # every block: the previous block's buffer joins from the second one on
         done = (L - 1 - i) * n_block  # blocks whose gradients are complete
         terms = [*base, *root]
         if stage == 2:

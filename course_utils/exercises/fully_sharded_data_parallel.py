@@ -110,14 +110,15 @@ def check_fewest_gpus(fn: Callable[..., int | None]) -> Verdict:
                         f"{gpu / 1e9:.0f} GB.", hint)
         return fail(f"{call} returned {got}, but {got - 1} GPUs are enough ({per_gpu(got - 1) / 1e9:,.2f} GB each).",
                     hint)
-    return ok(f"all {len(FEWEST_CASES)} cases agree: 4 model sizes and GPUs, stages 0 to 3, the ZeRO paper's "
+    return ok(f"all {len(FEWEST_CASES)} cases agree: 4 pairs of a model size and a GPU, stages 0 to 3, the ZeRO paper's "
               "mixed-precision bytes (2 + 2 + 12) and float32's (4 + 4 + 8).")
 
 
 # --- 2. what to shard or checkpoint for a budget: the peak, not the states ---------------------------------
 
 PLAN_PRECISION = "bf16"
-"""Exercise 2's jobs train with autocast to bf16 and float32 weights, gradients and AdamW state."""
+"""Exercise 2's jobs train in bf16 as notebook 08 teaches: DDP with autocast for stages 0 and 1, FSDP2 with its
+mixed-precision policy for stages 2 and 3 (`plan_memory`'s default); float32 master weights and AdamW state."""
 
 
 def _reference_plan(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
@@ -168,7 +169,7 @@ def check_memory_plan(fn: Callable[[GPTConfig, int, float], tuple[int, bool] | N
         if not plan.fits(budget):
             need = (f"{plan.total / 2**30:.1f} GiB per GPU: its largest phase, {plan.peak_phase}, allocates "
                     f"{plan.peak / 2**30:.1f} GiB, and the GPU also holds the CUDA context "
-                    f"({plan.context / 2**30:.1f} GiB) and the allocator's margin ({plan.margin:.0%} of that)")
+                    f"({plan.context / 2**30:.1f} GiB) and the allocator's margin ({plan.margin:.0%} of the peak)")
             if plan.peak <= budget:
                 return fail(f"for {where}, your plan {got} needs {need}. The allocated peak alone fits in "
                             f"{budget / 2**30:.0f} GiB; the rest does not.",
