@@ -53,8 +53,8 @@ CPU_ONLY := CUDA_VISIBLE_DEVICES= COURSE_DEVICE=cpu
 OTHER_CPU_ISA ?= avx2
 
 ## pinned .venv; lint; unit tests and strict nbval over every notebook (GPUs hidden: stored outputs
-## are from a CPU run); then strict nbval again on another CPU code path (nbval-other-cpu); each pass on
-## every core; whole logs in test-output/ (tools/run_tests.py)
+## are from a CPU run), and beside it strict nbval again on another CPU code path (nbval-other-cpu); whole
+## logs in test-output/ (tools/run_tests.py)
 test: $(VENV)/.test-installed lint
 	OTHER_CPU_ISA=$(OTHER_CPU_ISA) $(BIN)/python tools/run_tests.py $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 

@@ -109,6 +109,7 @@ def test_unused_parameters_error_debug_names_and_fix() -> None:
         "2 steps ran; parameters without a gradient: ['b.weight', 'b.bias']"] * 2
 
 
+@pytest.mark.slow  # notebook 05 runs the same job under strict nbval in make test
 def test_a_skipped_collective_times_out_and_detail_names_the_rank() -> None:
     plain = L.launch(W.skip_a_collective, 2, 2.0, group_timeout=1, quiet=True)
     assert plain[1] == "rank 1: skipped the all_reduce"
@@ -119,6 +120,7 @@ def test_a_skipped_collective_times_out_and_detail_names_the_rank() -> None:
     assert "Ranks 1 failed to pass monitoredBarrier" in detail[0]
 
 
+@pytest.mark.slow  # notebook 05 runs the same job under strict nbval in make test
 def test_mismatched_collectives_under_detail() -> None:
     ranks = L.launch(W.mismatched_collectives, 2, group_timeout=2, quiet=True,
                      env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
@@ -187,6 +189,7 @@ def test_show_prints_a_short_hash_and_two_decimal_losses(plain: T.TorchrunResult
     assert T.short_digest(None) == "(none)"
 
 
+@pytest.mark.slow  # notebook 05 runs the same job under strict nbval in make test
 def test_fault_injected_run_has_same_hash(plain: T.TorchrunResult, work: Path) -> None:
     r = T.torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1"],
                    [*STEPS, "--checkpoint-dir", "faulty", "--fail-at-step", "6"], cwd=work)
@@ -201,6 +204,7 @@ def test_fault_injected_run_has_same_hash(plain: T.TorchrunResult, work: Path) -
     assert r.sha256 == plain.sha256
 
 
+@pytest.mark.slow  # notebook 05 runs the same job under strict nbval in make test
 def test_corrupt_snapshot_is_skipped_and_run_resumes(plain: T.TorchrunResult, work: Path) -> None:
     folder = work / "corrupt"
     shutil.copytree(work / "plain", folder)
@@ -214,6 +218,7 @@ def test_corrupt_snapshot_is_skipped_and_run_resumes(plain: T.TorchrunResult, wo
     assert r.sha256 == plain.sha256
 
 
+@pytest.mark.slow  # notebook 05 runs the same job under strict nbval in make test
 def test_two_nodes_equal_one_node_of_four(work: Path) -> None:
     nodes = T.torchrun_two_nodes([*STEPS, "--checkpoint-dir", "nodes"], nproc_per_node=2, cwd=work)
     assert [r.returncode for r in nodes] == [0, 0], nodes[0].stderr[-3000:] + nodes[1].stderr[-3000:]

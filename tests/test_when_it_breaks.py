@@ -91,6 +91,7 @@ def test_where_it_waits_keeps_only_the_module_frames():
     assert where_it_waits("no frames") == []
 
 
+@pytest.mark.slow  # notebook 09 runs the same job under strict nbval in make test
 def test_uneven_batches_hang_until_the_timeout_and_say_where():
     """Rank 1 reaches its wait 2 s before rank 0 (whose extra batch is slow): its 4-second timeout fires first,
     and gloo closes its connections, which ends rank 0's wait with "Connection closed by peer" 1 s before
@@ -106,11 +107,13 @@ def test_uneven_batches_hang_until_the_timeout_and_say_where():
     assert "dist.barrier()" in reports[1]["waits_in"][0], reports
 
 
+@pytest.mark.slow  # notebook 09 runs the same job under strict nbval in make test
 def test_join_lets_uneven_ranks_finish():
     reports = launch(uneven_epoch, 2, True, None, group_timeout=2, quiet=True, timeout=60)
     assert [(r["steps"], r["error"]) for r in reports] == [(BATCHES[0], None), (BATCHES[1], None)]
 
 
+@pytest.mark.slow  # notebook 09 runs the same job under strict nbval in make test
 def test_detail_reports_a_collective_on_one_rank_at_once():
     start = time.monotonic()
     reports = launch(log_on_one_rank, 2, group_timeout=2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
