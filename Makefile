@@ -55,8 +55,8 @@ OTHER_CPU_ISA ?= avx2
 ## pinned .venv; lint; unit tests and strict nbval over every notebook (GPUs hidden: stored outputs
 ## are from a CPU run), and beside it strict nbval again on another CPU code path (nbval-other-cpu); whole
 ## logs in test-output/ (tools/run_tests.py)
-test: $(VENV)/.test-installed lint
-	OTHER_CPU_ISA=$(OTHER_CPU_ISA) $(BIN)/python tools/run_tests.py $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
+test: $(VENV)/.test-installed
+	OTHER_CPU_ISA=$(OTHER_CPU_ISA) $(BIN)/python tools/run_tests.py --lint "$(MAKE) --no-print-directory lint" $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 
 ## the tests marked slow (real compiles of broken toolchains, an AOTInductor package), which make test leaves out
 test-slow: $(VENV)/.test-installed

@@ -5,7 +5,8 @@
 1. **main**: the unit tests and strict nbval of every notebook, in this environment (GPUs hidden: the stored
    outputs are from a CPU run), with the CPU's own kernels and threads;
 2. **other-cpu**: strict nbval of every notebook again on another CPU code path (one thread, AVX2 kernels
-   in ATen, MKL and oneDNN), as another machine runs them.
+   in ATen, MKL and oneDNN), as another machine runs them; and, to balance the two, the unit tests of
+   `BALANCED`, which start several processes.
 
 The two passes run at the same time, each in its own pytest process (``--serial``, or a machine of one core:
 one after the other).
@@ -37,8 +38,12 @@ COMMON = {"CUDA_VISIBLE_DEVICES": "", "COURSE_DEVICE": "cpu", "OMP_WAIT_POLICY":
 # how one machine imitates another CPU; OTHER_CPU_ISA=default: ATen's plain kernels (`make test OTHER_CPU_ISA=default`)
 OTHER_CPU = {"OMP_NUM_THREADS": "1", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
              "ATEN_CPU_CAPABILITY": os.environ.get("OTHER_CPU_ISA", "avx2"), "ONEDNN_MAX_CPU_ISA": "AVX2"}
-PASSES = {"main": ([], {}), "other-cpu": (["notebooks"], OTHER_CPU)}
-FAILED = re.compile(r"^(FAILED|ERROR) (\S+)", re.M)
+# Unit tests that start several processes, which make the main pass the longer one: they run beside the other
+# pass's notebooks instead, so that the two passes end at about the same time (the environment of either is
+# fine for them).
+BALANCED = ["tests/test_distributed_data_parallel.py", "tests/test_performance_toolbox.py"]
+PASSES = {"main": ([*(f"--ignore={t}" for t in BALANCED)], {}), "other-cpu": (["notebooks", *BALANCED], OTHER_CPU)}
+FAILED = re.compile(r"^(FAILED|ERROR) ((?:tests|notebooks)/\S+)", re.M)
 
 
 def start(name: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], float]:
@@ -83,12 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serial", action="store_true", help="one pass after the other (a one-core machine)")
     parser.add_argument("--only", choices=sorted(PASSES), help="run one pass only")
+    parser.add_argument("--lint", metavar="COMMAND", help="a lint command to run beside the passes (make lint)")
     parser.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
     args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)
     shutil.rmtree(OUT / "subprocess", ignore_errors=True)
     names = [args.only] if args.only else list(PASSES)
     results: dict[str, tuple[int, float]] = {}
+    lint = None
+    if args.lint:  # light: beside the passes rather than before them
+        print(f"lint: {args.lint}  (output in test-output/lint.log)", flush=True)
+        with (OUT / "lint.log").open("wb") as log:
+            lint = (subprocess.Popen(args.lint, shell=True, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT),
+                    time.monotonic())
     if args.serial or len(names) == 1 or (os.cpu_count() or 1) < 2:
         for name in names:
             proc, began = start(name, args.pytest_args)
@@ -105,13 +117,19 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
                     del running[name]
             time.sleep(0.5)
+    if lint is not None:
+        results["lint"] = (lint[0].wait(), time.monotonic() - lint[1])
+        if results["lint"][0] != 0:
+            print("\n=== lint failed:\n" + (OUT / "lint.log").read_text(encoding="utf-8", errors="replace"))
     for name, (status, _) in results.items():
+        if name == "lint":
+            continue
         if status != 0:
             report(name)
         else:
             last = (OUT / f"{name}.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
             print(f"{name}: {last[-1] if last else '(no output)'}")
-    print("; ".join(f"{n}: {'passed' if s == 0 else f'FAILED (exit {s})'} in {t:.0f} s"
+    print("; ".join(f"{n}: {'passed' if s == 0 else f'FAILED (exit {s})'}" + ("" if n == "lint" else f" in {t:.0f} s")
                     for n, (s, t) in results.items()))
     return next((s for s, _ in results.values() if s != 0), 0)
 
