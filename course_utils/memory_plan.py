@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -486,21 +487,23 @@ def _measure(cfg: GPTConfig, mixed: str, checkpointing: bool, stage: int, fused_
             out.register_hook(lambda _grad: counter.close("backward (the loss)"))
 
     hook = model.blocks[-1].register_forward_hook(on_last_block)
-    for step in range(warmup + 1):
-        counter.begin_step(measured=step == warmup)
-        watch["on"] = step == warmup
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed == "autocast",
-                            cache_enabled=autocast_cache):
-            loss = model.loss(tokens)
-        watch["on"] = False
-        counter.close("forward")
-        loss.backward()
-        del loss
-        counter.close("backward (blocks)")
-        opt.step()
-        counter.close("optimizer step")
-        opt.zero_grad(set_to_none=True)
-        counter.end_step()
+    with warnings.catch_warnings():  # FSDP2 warns that the logits are a view (harmless here: notebook 08, §3)
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        for step in range(warmup + 1):
+            counter.begin_step(measured=step == warmup)
+            watch["on"] = step == warmup
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed == "autocast",
+                                cache_enabled=autocast_cache):
+                loss = model.loss(tokens)
+            watch["on"] = False
+            counter.close("forward")
+            loss.backward()
+            del loss
+            counter.close("backward (blocks)")
+            opt.step()
+            counter.close("optimizer step")
+            opt.zero_grad(set_to_none=True)
+            counter.end_step()
     hook.remove()
     out = counter.finish()
     del model, opt, tokens
