@@ -5,9 +5,10 @@ time and failing tests.
     python tools/soak.py [--runs N] [--burn K] [--target test] [--keep]
 
 - ``--burn K`` runs K busy processes beside every run (a loaded CI runner: other jobs on the same cores).
-- Every run's whole log is kept in ``test-output/soak/run-NN.log``; the table goes to
-  ``test-output/soak/summary.txt``. A run's clone (``build/soak/run-NN``) is deleted when it passes, kept when
-  it fails (``--keep``: always kept), so that its ``test-output/`` and work folders can be read.
+- Every run's whole log is kept in ``test-output/soak/run-NN.log`` (``run-NN-burnK.log`` with ``--burn K``); the
+  table goes to ``test-output/soak/summary.txt`` (``summary-burnK.txt``). A run's clone (``build/soak/run-NN``)
+  is deleted when it passes, kept when it fails (``--keep``: always kept), so that its ``test-output/`` and work
+  folders can be read.
 - Exit status: 0 when every run passed, 1 otherwise.
 
 Only committed work is tested: a clone of HEAD, as CI's clone of main.
@@ -33,13 +34,13 @@ def _burn() -> None:  # pragma: no cover - a busy loop until terminated
         pass
 
 
-def soak_once(index: int, target: str, keep: bool, out: Path) -> tuple[int, float, list[str]]:
-    """Clone HEAD into build/soak/run-NN, run ``make TARGET`` there; (exit status, seconds, failing tests)."""
-    clone = ROOT / "build" / "soak" / f"run-{index:02d}"
+def soak_once(index: int, target: str, keep: bool, out: Path, name: str) -> tuple[int, float, list[str]]:
+    """Clone HEAD into build/soak/NAME, run ``make TARGET`` there; (exit status, seconds, failing tests)."""
+    clone = ROOT / "build" / "soak" / name
     shutil.rmtree(clone, ignore_errors=True)
     clone.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
-    log = out / f"run-{index:02d}.log"
+    log = out / f"{name}.log"
     start = time.monotonic()
     with log.open("w", encoding="utf-8") as f:
         status = subprocess.run(["make", target], cwd=clone, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout.strip()
+    summary = f"summary{f'-burn{args.burn}' if args.burn else ''}.txt"
     lines = [f"make {args.target} on fresh clones of {head}, {args.burn} busy process(es) beside each run"]
     print(lines[0], flush=True)
     failures = 0
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         for b in burners:
             b.start()
         try:
-            status, seconds, failing = soak_once(i, args.target, args.keep, out)
+            name = f"run-{i:02d}" + (f"-burn{args.burn}" if args.burn else "")
+            status, seconds, failing = soak_once(i, args.target, args.keep, out, name)
         finally:
             for b in burners:
                 b.terminate()
@@ -81,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
                 + (f"  {', '.join(failing)}" if failing else ""))
         lines.append(line)
         print(line, flush=True)
-        (out / "summary.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (out / summary).write_text("\n".join(lines) + "\n", encoding="utf-8")
     lines.append(f"{args.runs - failures} of {args.runs} passed; logs in test-output/soak/")
     print(lines[-1])
-    (out / "summary.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / summary).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 1 if failures else 0
 
 
