@@ -66,19 +66,19 @@ def start_worker_pool(start_method: str | None = None) -> None:
         forkserver.ensure_running()
 
 
-def _log_path(fn: Callable[..., Any], rank: int, pid: int | None = None) -> str:
+def _log_path(folder: str, fn: Callable[..., Any], rank: int, pid: int | None = None) -> str:
     """Where a quiet worker's standard error goes under ``make test`` (``COURSE_SUBPROCESS_LOGS``)."""
-    folder = os.environ["COURSE_SUBPROCESS_LOGS"]
     os.makedirs(folder, exist_ok=True)
     return os.path.join(folder, f"launch-{getattr(fn, '__name__', 'fn')}-{pid or os.getpid()}-rank{rank}.log")
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple[Any, ...],
-           queue: Any, timeout: float, backend: str, env: dict[str, str], quiet: bool) -> None:
+           queue: Any, timeout: float, backend: str, env: dict[str, str], quiet: bool, logs: str | None) -> None:
     """What each launched process runs: join the group, call ``fn``, send back its result."""
     if quiet:  # this process only: its errors still come back through the queue. Under `make test`
-        # (COURSE_SUBPROCESS_LOGS set) the lines go to a file, for the report of a rank that dies.
-        sink = os.devnull if not os.environ.get("COURSE_SUBPROCESS_LOGS") else _log_path(fn, rank)
+        # (``logs``: the launcher's COURSE_SUBPROCESS_LOGS; a worker's own environment is the forkserver's,
+        # from when it started) the lines go to a file, for the report of a rank that dies.
+        sink = _log_path(logs, fn, rank) if logs else os.devnull
         fd = os.open(sink, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
@@ -167,8 +167,9 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
     ctx = _context(start_method)
     queue = ctx.Queue()
     port = free_port()
+    logs = os.environ.get("COURSE_SUBPROCESS_LOGS")
     procs = [ctx.Process(target=_entry,
-                         args=(fn, r, world_size, port, args, queue, group_timeout, backend, env, quiet),
+                         args=(fn, r, world_size, port, args, queue, group_timeout, backend, env, quiet, logs),
                          daemon=True)
              for r in range(world_size)]
     for p in procs:
@@ -186,8 +187,8 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
             except Exception:  # queue.Empty: check that nobody died silently
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
                 if dead:
-                    raise WorkerError(f"{fn.__name__}: rank {dead[0]} died with exit code "
-                                      f"{procs[dead[0]].exitcode}{_log_tail(fn, dead[0], procs[dead[0]].pid)}") from None
+                    raise WorkerError(f"{fn.__name__}: rank {dead[0]} died with exit code {procs[dead[0]].exitcode}"
+                                      f"{_log_tail(logs, fn, dead[0], procs[dead[0]].pid)}") from None
                 continue
             if not good:
                 raise WorkerError(_first_failure(fn.__name__, {rank: value}, queue))
@@ -201,12 +202,12 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
     return [results[r] for r in range(world_size)]
 
 
-def _log_tail(fn: Callable[..., Any], rank: int, pid: int | None, lines: int = 30) -> str:
+def _log_tail(logs: str | None, fn: Callable[..., Any], rank: int, pid: int | None, lines: int = 30) -> str:
     """The end of a quiet worker's standard error, when ``make test`` kept it (else nothing)."""
-    if not os.environ.get("COURSE_SUBPROCESS_LOGS") or pid is None:
+    if not logs or pid is None:
         return ""
     try:
-        with open(_log_path(fn, rank, pid), encoding="utf-8", errors="replace") as f:
+        with open(_log_path(logs, fn, rank, pid), encoding="utf-8", errors="replace") as f:
             tail = f.read().splitlines()[-lines:]
     except OSError:
         return ""

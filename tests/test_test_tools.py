@@ -71,6 +71,9 @@ def dies_loudly(rank: int, world_size: int) -> None:
 
 
 def test_a_dead_quiet_workers_last_words_are_in_the_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log folder is the launcher's: workers come from the forkserver, whose environment is from when it
+    started (here: before the folder was set)."""
+    L.start_worker_pool()
     monkeypatch.setenv("COURSE_SUBPROCESS_LOGS", str(tmp_path))
     with pytest.raises(L.WorkerError, match="(?s)rank 1 died with exit code 7.*the last words of rank 1"):
         L.launch(dies_loudly, 2, quiet=True, timeout=60)
