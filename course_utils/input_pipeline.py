@@ -1,7 +1,8 @@
 """Notebooks 07 and 09: data sets for measuring an input pipeline.
 
 `SlowReads` stands for files on slow storage: each item costs time spent waiting, not computing, so
-worker processes overlap the waits even on a machine with few cores.
+worker processes overlap the waits even on a machine with few cores. Each process also opens the storage
+once (``open_ms``) before its first read, as a real data set opens its files or connections in every worker.
 
 
 `DecodedImages` stands for a folder of JPEGs: each item is "decoded" (an image drawn from the item's
@@ -13,6 +14,7 @@ defined in a notebook cell cannot be found by them.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -58,13 +60,16 @@ class DecodedImages(Dataset[tuple[torch.Tensor, int]]):
 
 class SlowReads(Dataset[tuple[torch.Tensor, int]]):
     """``n`` small items ``(features, label)``, each taking ``read_ms`` milliseconds to "read": the process
-    sleeps, as it would while waiting for a disk or a network, and uses no CPU meanwhile."""
+    sleeps, as it would while waiting for a disk or a network, and uses no CPU meanwhile. The first read in
+    each process first waits ``open_ms`` (opening the storage): a ``DataLoader`` worker pays it once in its
+    life, so workers started again at every epoch pay it at every epoch."""
 
-    def __init__(self, n: int = 512, read_ms: float = 2.0, features: int = 8) -> None:
-        if n < 1 or features < 1 or read_ms < 0:
-            raise ValueError(f"SlowReads: n and features must be at least 1 and read_ms at least 0, got n={n}, "
-                             f"read_ms={read_ms}, features={features}")
-        self.n, self.read_ms, self.features = n, read_ms, features
+    def __init__(self, n: int = 512, read_ms: float = 2.0, features: int = 8, open_ms: float = 0.0) -> None:
+        if n < 1 or features < 1 or read_ms < 0 or open_ms < 0:
+            raise ValueError(f"SlowReads: n and features must be at least 1, read_ms and open_ms at least 0, got "
+                             f"n={n}, read_ms={read_ms}, features={features}, open_ms={open_ms}")
+        self.n, self.read_ms, self.features, self.open_ms = n, read_ms, features, open_ms
+        self._opened_in: int | None = None  # the process that has opened the storage
 
     def __len__(self) -> int:
         return self.n
@@ -72,5 +77,8 @@ class SlowReads(Dataset[tuple[torch.Tensor, int]]):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         if not 0 <= i < self.n:
             raise IndexError(f"item {i} of a data set of {self.n}")
+        if self._opened_in != os.getpid():  # a worker holds a copy made before it started: it opens its own
+            time.sleep(self.open_ms / 1e3)
+            self._opened_in = os.getpid()
         time.sleep(self.read_ms / 1e3)
         return torch.full((self.features,), float(i)), i % 10

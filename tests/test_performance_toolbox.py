@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -454,7 +455,9 @@ def test_graphed_step_checker_on_the_cpu_stand_in() -> None:
 
 def test_loader_checker() -> None:
     verdict = ex.check_loader_options({"num_workers": 0})
-    assert not verdict and "over the 1.5× budget" in verdict.message
+    assert not verdict and "more than the 1.3× budget" in verdict.message
+    verdict = ex.check_loader_options({"num_workers": 4})  # workers started and storage opened at every epoch
+    assert not verdict and "starting that again" in verdict.hint
     verdict = ex.check_loader_options({"num_workers": 5})
     assert not verdict and "the budget allows 4" in verdict.message
     verdict = ex.check_loader_options({"num_workers": 4, "prefetch_factor": 8})
@@ -470,3 +473,19 @@ def test_slow_reads() -> None:
         data[3]
     with pytest.raises(ValueError, match="at least"):
         SlowReads(n=0)
+    with pytest.raises(ValueError, match="open_ms"):
+        SlowReads(open_ms=-1)
+
+
+def test_slow_reads_opens_once_per_process() -> None:
+    data = SlowReads(n=4, read_ms=0, open_ms=400)
+    t0 = time.perf_counter()
+    data[0]
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    data[1], data[2]
+    assert first >= 0.4 and time.perf_counter() - t0 < 0.4  # opened once: the later reads do not wait for it
+    data._opened_in = -1  # as in a worker process, whose copy was made in another one: it opens again
+    t0 = time.perf_counter()
+    data[3]
+    assert time.perf_counter() - t0 >= 0.4

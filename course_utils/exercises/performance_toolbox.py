@@ -5,8 +5,8 @@
 2. `check_recompile_fix`: `smoothed_loss` recompiles for every new smoothing value; a version that does not.
 3. `check_graphed_step`: a training step captured in a CUDA graph and replayed, against eager steps (on a
    GPU for real; on the CPU through `course_utils.graph_standin`).
-4. `check_loader_options`: ``DataLoader`` options that keep a training loop fed from `SlowReads` within a
-   time and memory budget.
+4. `check_loader_options`: ``DataLoader`` options that hide `SlowReads`' slow storage from a training loop,
+   within a budget of processes and memory.
 """
 
 from __future__ import annotations
@@ -267,19 +267,18 @@ def _counting_replays(count: list[int]) -> Iterator[None]:
 
 class LoaderBudget:
     """The exercise's job: batches of 16 `SlowReads` items, each taking 2 ms to read (waiting on storage, not
-    computing), and a training step that takes 10 ms; at most 4 worker processes and 16 batches in flight."""
+    computing) after 300 ms to open the storage in each process, and a training step that takes 10 ms; at most
+    4 worker processes and 16 batches in flight. The slow storage may make an epoch after the first at most
+    1.3× as long as the same loader over storage that answers at once."""
 
     batch_size = 16
     batches = 32
     read_ms = 2.0
+    open_ms = 300.0
     step_ms = 10.0
     max_workers = 4
     max_in_flight = 16
-    slowdown = 1.5
-
-    @classmethod
-    def steps_alone(cls) -> float:
-        return cls.batches * cls.step_ms / 1e3
+    slowdown = 1.3
 
 
 def _epoch_seconds(loader: DataLoader[Any]) -> float:
@@ -290,8 +289,13 @@ def _epoch_seconds(loader: DataLoader[Any]) -> float:
 
 
 def check_loader_options(options: Mapping[str, Any]) -> Verdict:
-    """Exercise: ``DataLoader(SlowReads(...), batch_size=16, **options)`` runs a later epoch (the faster of the
-    second and third, against other programs' noise) within 1.5× the time of the steps alone, with at most 4 workers and at most 16 batches prefetched."""
+    """Exercise: ``DataLoader(SlowReads(...), batch_size=16, **options)`` hides the slow storage: an epoch after
+    the first takes at most 1.3× as long as the same loader (same options) over storage that answers at once,
+    with at most 4 workers and at most 16 batches in flight.
+
+    The two loaders are timed in turn, twice each (once when far over), and the faster epoch of each is kept:
+    both see the same load from other programs and pay the same costs of worker processes (starting them,
+    copying batches between processes), so the verdict depends on the options, not on how busy the machine is."""
     if not isinstance(options, Mapping):
         return fail(f"expected a dict of DataLoader options, got {type(options).__name__}.")
     bad = sorted(set(options) - {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory"})
@@ -305,20 +309,25 @@ def check_loader_options(options: Mapping[str, Any]) -> Verdict:
     if in_flight > LoaderBudget.max_in_flight:
         return fail(f"{workers} workers × prefetch_factor {in_flight // max(workers, 1)} = {in_flight} batches in "
                     f"flight: the memory budget allows {LoaderBudget.max_in_flight}.")
-    data = SlowReads(LoaderBudget.batches * LoaderBudget.batch_size, read_ms=LoaderBudget.read_ms)
+    n = LoaderBudget.batches * LoaderBudget.batch_size
+    slow_data = SlowReads(n, read_ms=LoaderBudget.read_ms, open_ms=LoaderBudget.open_ms)
+    instant_data = SlowReads(n, read_ms=0.0)
     try:
         with warnings.catch_warnings():  # more workers than cores: right for waiting, which uses no core
             warnings.filterwarnings("ignore", message="This DataLoader will create")
-            loader = DataLoader(data, batch_size=LoaderBudget.batch_size, **options)
-            _epoch_seconds(loader)
-            second = min(_epoch_seconds(loader), _epoch_seconds(loader))  # a later epoch, the quieter of two
+            slow = DataLoader(slow_data, batch_size=LoaderBudget.batch_size, **options)
+            instant = DataLoader(instant_data, batch_size=LoaderBudget.batch_size, **options)
+            _epoch_seconds(slow), _epoch_seconds(instant)  # the first epochs: workers start, storage is opened
+            rounds = [(_epoch_seconds(slow), _epoch_seconds(instant))]
+            if rounds[0][0] < 2 * LoaderBudget.slowdown * rounds[0][1]:  # far over: a second round would not pass
+                rounds.append((_epoch_seconds(slow), _epoch_seconds(instant)))
     except Exception as exc:  # the student's options: report any failure as feedback
         return fail(f"the DataLoader raised {type(exc).__name__}: {str(exc).splitlines()[0]}")
-    alone = LoaderBudget.steps_alone()
-    if second > LoaderBudget.slowdown * alone:
-        return fail(f"the faster of epochs 2 and 3 took {second:.2f} s for {alone:.2f} s of steps: over the "
-                    f"{LoaderBudget.slowdown}× budget.",
+    slow_s, instant_s = min(r[0] for r in rounds), min(r[1] for r in rounds)
+    if slow_s > LoaderBudget.slowdown * instant_s:
+        return fail(f"an epoch after the first took {slow_s:.2f} s over the slow storage and {instant_s:.2f} s over "
+                    f"storage that answers at once: more than the {LoaderBudget.slowdown}× budget.",
                     "reading here is waiting, not computing: what can wait for several items at once? And what "
                     "does starting that again cost at every epoch?")
-    return ok(f"epochs after the first stayed within {LoaderBudget.slowdown}× the time of its steps, within the budget "
-              "of workers and of batches in flight.")
+    return ok(f"epochs after the first stayed within {LoaderBudget.slowdown}× their time over storage that answers "
+              "at once, within the budget of workers and of batches in flight.")

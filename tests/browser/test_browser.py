@@ -456,7 +456,10 @@ def test_site_search_finds(site_page, term, notebook, section):
     hit = site_page.locator("article section section span.highlighted").first
     assert hit.is_visible() and hit.evaluate("e => e.getBoundingClientRect().top") < VIEWPORT["height"], \
         f"{term}: the page does not open at its first match"
-    heading = hit.evaluate("e => e.closest('article section section').querySelector('h2').textContent")
+    # The lesson's section: the nearest enclosing section headed by an h2 (a match may sit in an h3 subsection).
+    heading = hit.evaluate("e => { let s = e.closest('section');"
+                           " while (s && !s.querySelector(':scope > h2')) s = s.parentElement.closest('section');"
+                           " return s ? s.querySelector(':scope > h2').textContent : null; }")
     assert section in heading, f"{term}: opens in section {heading!r}"
     site_page.screenshot(path=str(OUTPUT / f"site-search-{term}.png"))
 
