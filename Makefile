@@ -123,10 +123,14 @@ sync: $(VENV)/.test-installed
 	$(PYTHON) tools/sync_notebooks.py
 	$(BIN)/python tools/translations.py
 
+GPU_BUDGET_GB ?=
+# GPU_BUDGET_GB=15: a helper process holds all but that many GiB of each GPU while the tests run (tools/gpu_budget.py)
+GPU_BUDGET := $(if $(GPU_BUDGET_GB),$(PY) tools/gpu_budget.py --leave-gib $(GPU_BUDGET_GB) --,)
 ## on a GPU host: every notebook and unit test with the GPU visible; outputs not compared; any error fails
+## (GPU_BUDGET_GB=15: with only 15 GiB of each GPU free, as on a Colab T4)
 gpu-check:
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check needs a CUDA GPU: none is visible')"
-	$(PY) -m pytest --nbval-lax -v --durations=0 $(PYTEST_ARGS)
+	$(GPU_BUDGET) $(PY) -m pytest --nbval-lax -v --durations=0 $(PYTEST_ARGS)
 
 GPU_CELLS ?=
 ## on a GPU host: as gpu-check, and every %%gpu cell that runs rewrites its recording

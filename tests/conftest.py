@@ -30,8 +30,9 @@ def original_course() -> Path:
     return FIXTURES
 
 
-def notebook_solution(stem: str, name: str) -> Callable[..., Any]:
+def notebook_solution(stem: str, name: str, names: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The function ``name`` as a notebook's hidden solution cell defines it (the course's right answer).
+    ``names``: what the cell uses besides torch, F and nn (names the notebook imported earlier).
 
     Tests of a checker take their right answer from here rather than from a copy, so that the notebook, the
     checker and the tests cannot drift apart. The cell runs without its last line (the checker call).
@@ -41,7 +42,7 @@ def notebook_solution(stem: str, name: str) -> Callable[..., Any]:
         source = "".join(cell["source"])
         if "solution" in cell["metadata"].get("tags", []) and f"def {name}(" in source:
             code = "\n".join(line for line in source.splitlines() if not line.startswith("check_"))
-            namespace: dict[str, Any] = {"torch": torch, "F": F, "nn": nn}
+            namespace: dict[str, Any] = {"torch": torch, "F": F, "nn": nn, **(names or {})}
             exec(compile(code, f"<{stem} solution>", "exec"), namespace)
             return namespace[name]
     raise LookupError(f"notebooks/{stem}.ipynb has no solution cell defining {name}()")

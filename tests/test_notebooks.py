@@ -126,6 +126,22 @@ def test_notebook_hygiene(path):
     assert not problems, "\n".join(problems)
 
 
+def test_setup_course_map_lists_every_notebook():
+    """Notebook 00's map of the course links every lesson and appendix, in order (it once stopped at 06)."""
+    text = next(_joined(c["source"]) for c in load(ROOT / "notebooks" / "00_setup.ipynb")["cells"]
+                if _joined(c["source"]).startswith("## 7. The map of the course"))
+    linked = re.findall(r"\]\(([\w]+)\.ipynb\)", text)
+    assert linked == [p.stem for p in NOTEBOOKS], f"notebook 00's map links {linked}"
+
+
+def test_one_next_link_per_notebook():
+    """The generated 'Next:' cell is the only next-lesson line (notebook 01 once had a hand-written one too)."""
+    for path in NOTEBOOKS:
+        lines = [line for c in load(path)["cells"] for line in _joined(c["source"]).splitlines()
+                 if re.match(r"\**Next:?\**:?", line)]
+        assert len(lines) == 1, f"{path.name}: {lines}"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_title_and_next_link(path):
     cells = load(path)["cells"]

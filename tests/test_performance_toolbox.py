@@ -365,9 +365,13 @@ def test_profile_reading_checker() -> None:
     for key, value, expected in [("gpu_busy", right["gpu_busy"] + 0.1, "gpu_busy"),
                                  ("host_waits_per_step", right["host_waits_per_step"] + 1, "host_waits_per_step"),
                                  ("culprit", "aten::item", "not the span"), ("bottleneck", "host reads", "does not fit"),
-                                 ("bottleneck", "slow", "must be one of"), ("gpu_busy", None, "still None")]:
+                                 ("bottleneck", "slow", "must be one of"), ("gpu_busy", None, "still None"),
+                                 ("gpu_busy", 0.0, "gpu_busy"),  # a GPU that never ran: within 0.02 of ~0.011
+                                 ("gpu_busy", right["gpu_busy"] * 1.5, "gpu_busy")]:
         verdict = ex.check_profile_reading({**right, key: value})
         assert not verdict and expected in verdict.message, (key, value, verdict)
+    assert right["gpu_busy"] < 0.05, "the mystery trace's GPU is nearly idle: the case the relative tolerance is for"
+    assert ex.check_profile_reading({**right, "gpu_busy": round(right["gpu_busy"], 3)})  # rounded, as people write it
 
 
 def test_profile_reading_checker_on_a_gpu_bound_trace(tmp_path: Path) -> None:
