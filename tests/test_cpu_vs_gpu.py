@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from course_utils import plots, reference  # noqa: E402
+from course_utils.exercises import cpu_vs_gpu  # noqa: E402
 from course_utils.exercises.cpu_vs_gpu import SimulatedAsyncDevice, check_time_per_call  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -333,3 +334,22 @@ def test_reference_table_format_and_missing_file(tmp_path, capsys):
     good.write_text(json.dumps({"meta": {"device": "X"}, "rows": rows}))
     reference.show_reference_figures(good)
     assert "matmul fp32 8192²" in capsys.readouterr().out
+
+
+def test_verdicts_hold_when_every_sleep_wakes_late(monkeypatch):
+    """On a loaded CI runner a sleeping thread wakes milliseconds late (a right answer once measured 7.95 ms for
+    3 ms of work): the limits follow what the work really took, so right answers pass and wrong ones still fail."""
+    real_sleep = time.sleep
+
+    def late_sleep(seconds):
+        real_sleep(seconds + 0.005)
+
+    monkeypatch.setattr(time, "sleep", late_sleep)
+    monkeypatch.setattr(cpu_vs_gpu.SimulatedAsyncDevice.__init__, "__defaults__", (time.perf_counter, late_sleep))
+    for fn in (right, right_loop):
+        assert check_time_per_call(fn), fn.__name__
+    for answer, expected in [(no_sync, "never calls sync()"), (total_not_per_call, "total over all the calls"),
+                             (milliseconds, "milliseconds"), (no_warmup_mean, "warm up"),
+                             (sync_only_after_loop, "queued before the clock started")]:
+        verdict = check_time_per_call(answer)
+        assert not verdict and expected in str(verdict), (answer.__name__, str(verdict))
