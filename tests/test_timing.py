@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -75,8 +76,10 @@ def test_bad_input():
 def test_agrees_with_torch_utils_benchmark_on_cpu_matmul(request):
     """Within 15% of torch.utils.benchmark.Timer (same threads) on a CPU matmul.
 
-    Both are medians of repeated timings of the same product; on a busy 2-core machine a single
-    comparison can be disturbed, so the comparison is made up to four times and the best ratio is kept.
+    Both are medians of repeated timings of the same product. On a busy 2-core machine the load changes from
+    one moment to the next (a soak run saw single comparisons from 0.23 to 1.19), so the two are compared in
+    pairs, as appendix 90 teaches: twelve short rounds, each timing both back to back in alternating order, and
+    the median of the twelve ratios is kept.
     """
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
@@ -88,18 +91,15 @@ def test_agrees_with_torch_utils_benchmark_on_cpu_matmul(request):
     timer = tub.Timer("torch.matmul(a, b)", globals={"a": a, "b": b, "torch": torch},
                       num_threads=torch.get_num_threads())
     ratios = []
-    for attempt in range(4):
-        # Alternate which is measured first, so a change of load on the machine favours neither.
-        first_ours = attempt % 2 == 0
-        if not first_ours:
-            theirs = timer.blocked_autorange(min_run_time=0.5).median
-        ours = benchmark(torch.matmul, a, b, device="cpu", warmup=5, repeat=15).median
-        if first_ours:
-            theirs = timer.blocked_autorange(min_run_time=0.5).median
+    for round_ in range(12):
+        ours_first = round_ % 2 == 0  # alternate, so that a change of load favours neither
+        if not ours_first:
+            theirs = timer.blocked_autorange(min_run_time=0.1).median
+        ours = benchmark(torch.matmul, a, b, device="cpu", warmup=3, repeat=9).median
+        if ours_first:
+            theirs = timer.blocked_autorange(min_run_time=0.1).median
         ratios.append(ours / theirs)
-        if abs(ratios[-1] - 1) < 0.15:
-            break
-    assert min(ratios, key=lambda r: abs(r - 1)) == pytest.approx(1, abs=0.15), ratios
+    assert statistics.median(ratios) == pytest.approx(1, abs=0.15), ratios
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
