@@ -126,18 +126,20 @@ sync: $(VENV)/.test-installed
 GPU_BUDGET_GB ?=
 # GPU_BUDGET_GB=15: a helper process holds all but that many GiB of each GPU while the tests run (tools/gpu_budget.py)
 GPU_BUDGET := $(if $(GPU_BUDGET_GB),$(PY) tools/gpu_budget.py --leave-gib $(GPU_BUDGET_GB) --,)
+SLOW ?=
 ## on a GPU host: every notebook and unit test with the GPU visible; outputs not compared; any error fails
-## (GPU_BUDGET_GB=15: with only 15 GiB of each GPU free, as on a Colab T4)
+## (GPU_BUDGET_GB=15: with only 15 GiB of each GPU free, as on a Colab T4; SLOW=1: also the %%gpu --slow cells)
 gpu-check:
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check needs a CUDA GPU: none is visible')"
-	$(GPU_BUDGET) $(PY) -m pytest --nbval-lax -v --durations=0 $(PYTEST_ARGS)
+	COURSE_SLOW_CELLS=$(SLOW) $(GPU_BUDGET) $(PY) -m pytest --nbval-lax -v --durations=0 $(PYTEST_ARGS)
 
 GPU_CELLS ?=
 ## on a GPU host: as gpu-check, and every %%gpu cell that runs rewrites its recording
-## (NB=notebooks/01_cpu_vs_gpu.ipynb for one notebook; GPU_CELLS=07-profile,07-compile for only those cells)
+## (NB=notebooks/01_cpu_vs_gpu.ipynb for one notebook; GPU_CELLS=07-profile,07-compile for only those cells,
+## slow ones included; SLOW=1 for every --slow cell too)
 record:
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make record needs a CUDA GPU: none is visible')"
-	COURSE_RECORD=1 COURSE_GPU_CELLS=$(GPU_CELLS) TQDM_DISABLE=1 $(PY) -m pytest --nbval-lax -v $(PYTEST_ARGS) $(NB)
+	COURSE_SLOW_CELLS=$(SLOW) COURSE_RECORD=1 COURSE_GPU_CELLS=$(GPU_CELLS) TQDM_DISABLE=1 $(PY) -m pytest --nbval-lax -v $(PYTEST_ARGS) $(NB)
 
 ## remove .venv, build/ and the egg-info
 clean:

@@ -13,6 +13,11 @@
   log record, without the prefix of time stamp and process id, so that a notebook can print them.
 - `recompile_messages()`: `compile_log` for the "Recompiling function ..." messages
   (``TORCH_LOGS=recompiles``).
+- `autotune_report()`: a context manager that takes what ``mode="max-autotune"`` writes to stderr while it
+  tunes (hundreds of lines for a model: one block per matrix product, every candidate kernel with its time)
+  and gives it back as `TunedProduct`s (the product, the winner, the best Triton template and the others'
+  times); `print_autotune_summary` prints one line per product and who won how often. `parse_autotune_log`
+  reads such a log from a file or another run; lines it does not know are kept, not lost.
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["PROBE_TIMEOUT_S", "compile_log", "compile_problem", "recompile_messages"]
+__all__ = ["PROBE_TIMEOUT_S", "AutotuneReport", "TunedProduct", "autotune_report", "compile_log", "compile_problem",
+           "parse_autotune_log", "print_autotune_summary", "recompile_messages"]
 
 _PREFIX = re.compile(r"^[A-Z]\d{4} [\d:.]+ \d+ \S+\] (\[[^\]]*\] )*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -221,3 +228,145 @@ def recompile_messages() -> Iterator[list[str]]:
     """Collect ``torch.compile``'s recompilation messages while the block runs (one string each)."""
     with compile_log(recompiles=True) as messages:
         yield messages
+
+
+# --- what max-autotune tuned ---------------------------------------------------------------------------------
+# Inductor's select_algorithm writes one block to stderr per tuned product:
+#   AUTOTUNE addmm(16368x3072, 16368x1024, 1024x3072)
+#   strides: ...            dtypes: ...
+#     bias_addmm 0.1444 ms 100.0%
+#     triton_mm_17 0.1768 ms 81.7% BLOCK_K=64, ...
+#   SingleProcess AUTOTUNE benchmarking takes 0.80 seconds and 3.03 seconds precompiling for 21 choices
+
+_AUTOTUNE = re.compile(r"^AUTOTUNE (?P<op>\w+)\((?P<sizes>[^)]*)\)\s*$")
+_CHOICE = re.compile(r"^\s+(?P<name>\S+) (?P<ms>[\d.]+|inf|nan) ms\b")
+_TOOK = re.compile(r"AUTOTUNE benchmarking takes (?P<bench>[\d.]+) seconds and (?P<pre>[\d.]+) seconds precompiling")
+_STATS = "Autotune Choices Stats:"
+
+
+def _kind(choice: str) -> str:
+    """Who made a candidate kernel, from the name Inductor gives it."""
+    if choice.startswith("triton_"):
+        return "Triton template"
+    if choice.startswith(("cutlass", "cuda_")):
+        return "CUTLASS"
+    if choice.startswith("decompose_k"):
+        return "decompose-k"
+    return "ATen (cuBLAS)"
+
+
+@dataclass(frozen=True)
+class TunedProduct:
+    """One matrix product that max-autotune tuned: its operator, input sizes, and each candidate's time in ms,
+    fastest first (as the log lists them)."""
+
+    op: str
+    sizes: tuple[str, ...]
+    timings: tuple[tuple[str, float], ...]
+    seconds: float | None = None  # benchmarking + precompiling, when the log says
+
+    @property
+    def winner(self) -> str:
+        return self.timings[0][0]
+
+    @property
+    def winner_kind(self) -> str:
+        return _kind(self.winner)
+
+    @property
+    def best_triton(self) -> tuple[str, float] | None:
+        return next(((n, t) for n, t in self.timings if n.startswith("triton_")), None)
+
+    @property
+    def product(self) -> str:
+        """The product as M×K @ K×N (an ``addmm``'s bias left out), or the sizes as logged."""
+        sizes = self.sizes[1:] if self.op in ("addmm", "baddbmm") and len(self.sizes) == 3 else self.sizes
+        return " @ ".join(s.replace("x", "×") for s in sizes)
+
+
+@dataclass
+class AutotuneReport:
+    """What `autotune_report` or `parse_autotune_log` found: the tuned products in order, and the other lines
+    (warnings, the JSON statistics) unchanged."""
+
+    products: list[TunedProduct] = field(default_factory=list)
+    other_lines: list[str] = field(default_factory=list)
+
+
+def parse_autotune_log(text: str) -> AutotuneReport:
+    """Read Inductor's max-autotune report (what it writes to stderr) into `TunedProduct`s. A block cut short
+    (no candidate times) is skipped; lines outside the blocks are kept in ``other_lines``."""
+    report = AutotuneReport()
+    block: dict | None = None
+
+    def close() -> None:
+        nonlocal block
+        if block is not None and block["timings"]:
+            report.products.append(TunedProduct(block["op"], block["sizes"], tuple(block["timings"]),
+                                                block["seconds"]))
+        block = None
+
+    lines = _ANSI.sub("", text).splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        start = _AUTOTUNE.match(line)
+        choice = _CHOICE.match(line) if block is not None else None
+        took = _TOOK.search(line)
+        if start:
+            close()
+            sizes = tuple(s.strip() for s in start["sizes"].split(",") if s.strip())
+            block = {"op": start["op"], "sizes": sizes, "timings": [], "seconds": None}
+        elif choice:
+            block["timings"].append((choice["name"], float(choice["ms"])))  # type: ignore[index]
+        elif block is not None and line.startswith(("strides:", "dtypes:")):
+            pass
+        elif took and block is not None:
+            block["seconds"] = float(took["bench"]) + float(took["pre"])
+            close()
+        elif line.strip() == _STATS:  # the JSON line after it belongs to the statistics
+            close()
+            report.other_lines += lines[i:i + 2]
+            i += 1
+        else:
+            close()
+            if line.strip():
+                report.other_lines.append(line)
+        i += 1
+    close()
+    return report
+
+
+@contextmanager
+def autotune_report() -> Iterator[AutotuneReport]:
+    """Collect what max-autotune writes to stderr while the block runs, as an `AutotuneReport`."""
+    report = AutotuneReport()
+    buffer = io.StringIO()
+    try:
+        with redirect_stderr(buffer):
+            yield report
+    finally:
+        parsed = parse_autotune_log(buffer.getvalue())
+        report.products[:], report.other_lines[:] = parsed.products, parsed.other_lines
+
+
+def print_autotune_summary(report: AutotuneReport) -> None:
+    """One line per tuned product (the winner and the runner-up, with their times), then the winners by kind."""
+    products = report.products
+    if not products:
+        print("max-autotune tuned no matrix product (nothing in its report)")
+        return
+    shapes = {(p.op, p.sizes) for p in products}
+    seconds = sum(p.seconds or 0.0 for p in products)
+    print(f"{len(products)} matrix products tuned ({len(shapes)} distinct), {seconds:.0f} s of benchmarking "
+          "and precompiling; times in ms")
+    labels = [f"{p.op} {p.product}" for p in products]
+    width = max(len(label) for label in labels)
+    print(f"  {'product':{width}} {'winner':>14} {'ms':>7}  {'runner-up':>14} {'ms':>7}")
+    for label, p in zip(labels, products, strict=True):
+        second = f"{p.timings[1][0]:>14} {p.timings[1][1]:7.4f}" if len(p.timings) > 1 else ""
+        print(f"  {label:{width}} {p.winner:>14} {p.timings[0][1]:7.4f}  {second}".rstrip())
+    kinds: dict[str, int] = {}
+    for p in products:
+        kinds[p.winner_kind] = kinds.get(p.winner_kind, 0) + 1
+    print("won by: " + ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1])))

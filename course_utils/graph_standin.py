@@ -14,17 +14,22 @@ behaviour at the level of PyTorch's operators: while it is active, ``torch.cuda.
 So a replay has the properties the course teaches: it reads the captured inputs (a rebound Python name is
 not seen), it keeps what was allocated during capture, and it repeats whatever the capture did, lazy
 initialisation included. Reading a value on the host during capture (``.item()``) raises, as CUDA does.
-Python code does not run again at replay, which is also true of a real graph. What it does not model:
-streams, timing, and random numbers (a replay draws new ones, as a real graph's does, but not the same).
+Python code does not run again at replay, which is also true of a real graph. Optimizers made with
+``capturable=True`` accept CPU tensors while it is active (PyTorch allows that option only on devices that can
+capture graphs). What it does not model: streams, timing, random numbers (a replay draws new ones, as a real
+graph's does, but not the same), and the line between host and device memory: every tensor here is memory a
+replay reads, where on a GPU only GPU memory is.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
+import torch.optim  # noqa: F401  (its modules are patched below)
 
 # PyTorch documents __torch_dispatch__ modes with this class ("Extending PyTorch"); it lives in a module whose
 # name starts with an underscore, which `import torch` has already loaded.
@@ -157,10 +162,23 @@ def cpu_cuda_graphs() -> Iterator[None]:
         "synchronize": lambda *a, **k: None,
     }
     saved = {name: getattr(torch.cuda, name) for name in stand_ins}
+    # each optimizer module imported PyTorch's list of devices that allow capturable=True: add the CPU to it
+    optimizers = {m: m._get_capturable_supported_devices for name, m in list(sys.modules.items())
+                  if name.startswith("torch.optim.") and hasattr(m, "_get_capturable_supported_devices")}
     try:
         for name, value in stand_ins.items():
             setattr(torch.cuda, name, value)
+        for module, devices in optimizers.items():
+            module._get_capturable_supported_devices = _with_cpu(devices)
         yield
     finally:
         for name, value in saved.items():
             setattr(torch.cuda, name, value)
+        for module, devices in optimizers.items():
+            module._get_capturable_supported_devices = devices
+
+
+def _with_cpu(devices: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    def with_cpu(*args: Any, **kwargs: Any) -> list[str]:
+        return [*devices(*args, **kwargs), "cpu"]
+    return with_cpu

@@ -19,6 +19,10 @@ In a notebook (after ``%load_ext course_utils``)::
   real also writes its outputs to its recording file. ``COURSE_RECORDINGS_DIR`` moves that folder.
 - With ``COURSE_GPU_CELLS=name,name,...`` set, only the ``%%gpu`` cells named there run on a GPU host; the
   others show their recordings (``make record GPU_CELLS=...`` re-records a few cells of a notebook).
+- ``%%gpu NAME --slow "WHY"`` marks a cell that takes minutes even on a large GPU (``WHY`` says how long
+  and why). On a GPU it shows its recording too, and runs only when asked: ``COURSE_SLOW_CELLS=1`` in the
+  environment (``%env COURSE_SLOW_CELLS=1`` in the notebook, ``make gpu-check SLOW=1``), or its name in
+  ``COURSE_GPU_CELLS``.
 
 Rule for notebook authors: a ``%%gpu`` cell is a leaf. Later cells must not use names it defines,
 because on a CPU-only machine its code does not run.
@@ -42,10 +46,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "PACKAGE_FOLDER",
+    "GpuLine",
     "Recording",
     "RecordingError",
     "cell_digest",
@@ -65,6 +70,7 @@ __all__ = [
 RECORD_ENV = "COURSE_RECORD"
 DIR_ENV = "COURSE_RECORDINGS_DIR"
 ONLY_ENV = "COURSE_GPU_CELLS"
+SLOW_ENV = "COURSE_SLOW_CELLS"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,80}$")
 _FILENAME = "<gpu cell>"
 _WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -200,10 +206,23 @@ def _only_these() -> set[str] | None:
     return {n.strip() for n in names.split(",") if n.strip()} if names else None
 
 
-def _why_not_here(gpus: int, have: int, name: str = "") -> str:
+def _slow_cells_wanted() -> bool:
+    return os.environ.get(SLOW_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _skips_slow(name: str, slow: str) -> bool:
+    """Whether a ``--slow`` cell stays a recording here: nobody asked for slow cells, or for this one by name."""
+    only = _only_these()
+    return bool(slow) and not _slow_cells_wanted() and not (only is not None and name in only)
+
+
+def _why_not_here(gpus: int, have: int, name: str = "", slow: str = "") -> str:
     only = _only_these()
     if only is not None and name not in only and have >= gpus:
         return f"{ONLY_ENV} leaves this cell out"
+    if have >= gpus and _skips_slow(name, slow):
+        return (f"this cell {slow.rstrip('.')}, so it runs only when asked: run `%env {SLOW_ENV}=1` "
+                "in this notebook, then this cell again")
     if gpus == 1:
         return "this machine has no CUDA GPU"
     return f"this cell needs {gpus} CUDA GPUs and this machine has {have or 'none'}"
@@ -233,11 +252,11 @@ def not_recorded_note(name: str, gpus: int, have: int, shows: str = "") -> str:
             f"No output of this cell ({name}) from such a machine comes with the course yet.")
 
 
-def show_recording(name: str, gpus: int = 1, shows: str = "") -> None:
+def show_recording(name: str, gpus: int = 1, shows: str = "", slow: str = "") -> None:
     """Display a recording with its label, or a note when it is missing or unreadable. Never raises."""
     from IPython.display import publish_display_data
 
-    why = _why_not_here(gpus, _have_gpus(), name)
+    why = _why_not_here(gpus, _have_gpus(), name, slow)
     try:
         rec = load_recording(name)
     except (RecordingError, ValueError):
@@ -341,9 +360,11 @@ def _show_new_figures(before: set[int]) -> None:
             plt.close(fig)
 
 
-def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int = 1, shows: str = "") -> None:
+def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int = 1, shows: str = "",
+                  slow: str = "") -> None:
     """Run ``source`` in ``namespace`` when ``gpus`` CUDA GPUs are visible, else show its recording (or,
-    without one, a note saying what the cell ``shows``).
+    without one, a note saying what the cell ``shows``). A ``slow`` cell (its text says why) runs only when
+    asked for (``COURSE_SLOW_CELLS=1``, or its name in ``COURSE_GPU_CELLS``) and otherwise shows its recording.
 
     With ``COURSE_RECORD=1`` set, a real run also saves the outputs as the recording ``name``.
     Errors raised by the code are re-raised after its outputs are shown (and recorded).
@@ -352,8 +373,8 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
     if gpus < 1:
         raise ValueError(f"%%gpu {name}: --gpus must be at least 1, got {gpus}")
     only = _only_these()
-    if _have_gpus() < gpus or (only is not None and name not in only):
-        show_recording(name, gpus, shows)
+    if _have_gpus() < gpus or (only is not None and name not in only) or _skips_slow(name, slow):
+        show_recording(name, gpus, shows, slow)
         return
     plt = sys.modules.get("matplotlib.pyplot")
     before = set(plt.get_fignums()) if plt is not None else set()
@@ -387,38 +408,48 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
         raise error
 
 
-def parse_gpu_line(line: str) -> tuple[str, int, str]:
-    """``NAME [--gpus N] [--shows "WHAT"]`` (the ``%%gpu`` line) → (name, gpus, shows); ValueError if bad."""
+class GpuLine(NamedTuple):
+    """A parsed ``%%gpu`` line."""
+
+    name: str
+    gpus: int = 1
+    shows: str = ""
+    slow: str = ""
+
+
+def parse_gpu_line(line: str) -> GpuLine:
+    """``NAME [--gpus N] [--shows "WHAT"] [--slow "WHY"]`` (the ``%%gpu`` line) → `GpuLine`; ValueError if bad."""
     args = shlex.split(line)
-    gpus, shows = 1, ""
+    gpus, texts = 1, {"--shows": "", "--slow": ""}
     try:
-        for flag in ("--gpus", "--shows"):
+        for flag in ("--gpus", "--shows", "--slow"):
             if flag in args:
                 i = args.index(flag)
                 if flag == "--gpus":
                     gpus = int(args[i + 1])
                 else:
-                    shows = args[i + 1]
+                    texts[flag] = args[i + 1]
                 del args[i:i + 2]
         (name,) = args
     except (ValueError, IndexError):
         raise ValueError(f"bad %%gpu line: {line!r}") from None
-    return name, gpus, shows
+    return GpuLine(name, gpus, texts["--shows"], texts["--slow"])
 
 
 def gpu_cell_magic(line: str, cell: str) -> None:
-    """``%%gpu NAME [--gpus N] [--shows "WHAT"]``: run the cell on a GPU host, show its recording elsewhere
-    (``--shows`` says, where there is no recording, what the cell would show)."""
+    """``%%gpu NAME [--gpus N] [--shows "WHAT"] [--slow "WHY"]``: run the cell on a GPU host, show its recording
+    elsewhere (``--shows`` says, where there is no recording, what the cell would show; ``--slow`` makes a
+    cell that takes minutes run only when asked, see the module's text)."""
     from IPython import get_ipython
 
     try:
-        name, gpus, shows = parse_gpu_line(line)
+        name, gpus, shows, slow = parse_gpu_line(line)
     except ValueError:
-        raise ValueError(f'usage: %%gpu NAME [--gpus N] [--shows "WHAT"], got \'%%gpu {line}\'') from None
+        raise ValueError(f'usage: %%gpu NAME [--gpus N] [--shows "WHAT"] [--slow "WHY"], got \'%%gpu {line}\'') from None
     shell = get_ipython()
     namespace = shell.user_ns if shell is not None else {}
     try:
-        run_or_replay(name, cell, namespace, gpus, shows)
+        run_or_replay(name, cell, namespace, gpus, shows, slow)
     except Exception:
         # Show a plain traceback of the cell's own code (not of this magic) and fail the cell.
         if shell is not None:

@@ -6,11 +6,12 @@ import gzip
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import notebook_solution
+from conftest import notebook_functions, notebook_solution
 from torch import nn
 
 from course_utils import compiling, graph_standin, peaks, traces
@@ -407,54 +408,65 @@ def test_recompile_checker() -> None:
     assert ex.check_recompile_fix(tensor_smoothing)
 
 
-def test_graphed_step_checker_on_the_cpu_stand_in() -> None:
-    right = notebook_solution(NB, "graphed_step")
-    assert ex.check_graphed_step(right, device="cpu")
+def _capture() -> Any:
+    """Notebook 07's capture_step and the step it captures, as the notebook defines them."""
+    return notebook_functions(NB, ("step", "capture_step"), {"torch": torch, "F": F})["capture_step"]
 
-    def eager(model, opt, sx, sy):
-        def replay(x, y):
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-        return replay
 
-    verdict = ex.check_graphed_step(eager, device="cpu")
-    assert not verdict and "replayed a graph 0 time(s)" in verdict.message and "replay" in verdict.hint
+def test_scheduled_replays_checker_on_the_cpu_stand_in() -> None:
+    capture_step = _capture()
+    right = notebook_solution(NB, "make_optimizer")
+    verdict = ex.check_scheduled_replays(right, capture_step, device="cpu")
+    assert verdict, verdict.message
 
-    def rebinding(model, opt, sx, sy):
-        replay = right(model, opt, sx, sy)
-        return lambda x, y: replay(sx, sy)  # new data never reaches the captured tensors
+    # the cell's optimizer: replays run, with the rate of the moment of capture
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=0.01, capturable=True), capture_step,
+                                         device="cpu")
+    assert not verdict and "differ from 8 eager steps with the same schedule." in verdict.message
+    assert "what does a replay read" in verdict.hint
+    fused = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=0.01, fused=True), capture_step,
+                                       device="cpu")
+    assert not fused and "same schedule." in fused.message
+    # a tensor rate without capturable=True: the optimizer reads it on the host during capture
+    for options in ({}, {"foreach": False}):
+        verdict = ex.check_scheduled_replays(lambda p, o=options: torch.optim.AdamW(p, lr=torch.tensor(0.01), **o),
+                                             capture_step, device="cpu")
+        assert not verdict and "capturing" in verdict.message and "host" in verdict.hint
+    # a tensor rate with the fused or the foreach implementation follows the schedule too
+    for options in ({"fused": True}, {"capturable": True, "foreach": True}):
+        assert ex.check_scheduled_replays(lambda p, o=options: torch.optim.AdamW(p, lr=torch.tensor(0.01), **o),
+                                          capture_step, device="cpu")
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.SGD(p, lr=torch.tensor(0.01)), capture_step,
+                                         device="cpu")
+    assert not verdict and "AdamW" in verdict.message
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=torch.tensor(0.1), capturable=True),
+                                         capture_step, device="cpu")
+    assert not verdict and "0.01" in verdict.message
+    verdict = ex.check_scheduled_replays(
+        lambda p: torch.optim.AdamW(p, lr=torch.tensor(0.01), capturable=True, weight_decay=0.5), capture_step,
+        device="cpu")
+    assert not verdict and "fixed rate too" in verdict.message
 
-    verdict = ex.check_graphed_step(rebinding, device="cpu")
-    assert not verdict and "batch the graph was captured with" in verdict.message
-
-    def no_warm_up(model, opt, sx, sy):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # SGD makes its momentum buffers here: every replay makes them again
-            loss = F.cross_entropy(model(sx), sy)
-            loss.backward()
-            opt.step()
-
-        def replay(x, y):
-            sx.copy_(x)
-            sy.copy_(y)
-            graph.replay()
-            return loss
-        return replay
-
-    verdict = ex.check_graphed_step(no_warm_up, device="cpu")
-    assert not verdict and "weights differ" in verdict.message
-
-    def host_read(model, opt, sx, sy):
+    def no_warm_up(model, opt, static_x, static_y):  # AdamW's state made during capture: every replay remakes it
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            F.cross_entropy(model(sx), sy).item()
-        return lambda x, y: None
+            loss = F.mse_loss(model(static_x), static_y)
+            loss.backward()
+            opt.step()
+        return graph, loss
 
-    verdict = ex.check_graphed_step(host_read, device="cpu")
-    assert not verdict and "capturing" in verdict.message and "host wait" in verdict.hint
+    assert not ex.check_scheduled_replays(right, no_warm_up, device="cpu")
+    assert not ex.check_scheduled_replays("not a function", capture_step, device="cpu")  # type: ignore[arg-type]
+    assert torch.cuda.CUDAGraph is not graph_standin.CpuGraph  # the stand-in is gone afterwards
+
+
+def test_the_standin_allows_capturable_optimizers_only_while_active() -> None:
+    params = [nn.Parameter(torch.ones(3))]
+    params[0].grad = torch.ones(3)
+    with cpu_cuda_graphs():
+        torch.optim.AdamW(params, lr=0.1, capturable=True).step()
+    with pytest.raises(Exception, match="capturable=True"):
+        torch.optim.AdamW(params, lr=0.1, capturable=True).step()
 
 
 def test_loader_checker() -> None:
@@ -493,3 +505,55 @@ def test_slow_reads_opens_once_per_process() -> None:
     t0 = time.perf_counter()
     data[3]
     assert time.perf_counter() - t0 >= 0.4
+
+
+# --- what max-autotune tuned -------------------------------------------------------------------------------
+
+AUTOTUNE_LOG = Path(__file__).parent / "data" / "autotune_log.txt"  # from a recording of notebook 07 on an H200
+
+
+def test_autotune_log_is_read_into_products(capsys: pytest.CaptureFixture[str]) -> None:
+    report = compiling.parse_autotune_log(AUTOTUNE_LOG.read_text())
+    assert [(p.op, p.product, p.winner, p.winner_kind) for p in report.products] == [
+        ("addmm", "16368×1024 @ 1024×3072", "bias_addmm", "ATen (cuBLAS)"),
+        ("addmm", "16368×1024 @ 1024×1024", "bias_addmm", "ATen (cuBLAS)"),
+        ("addmm", "16368×1024 @ 1024×1024", "triton_mm_117", "Triton template")]  # the cut-off block is left out
+    first = report.products[0]
+    assert first.timings[:2] == (("bias_addmm", 0.1444), ("triton_mm_17", 0.1768)) and len(first.timings) == 10
+    assert first.best_triton == ("triton_mm_17", 0.1768)
+    assert first.seconds == pytest.approx(0.8010 + 3.0297)
+    assert report.products[2].timings[4] == ("bias_addmm", 0.08)
+    # nothing is lost: the warning and the JSON statistics are kept as they were
+    assert report.other_lines[0].startswith("torch/_inductor/select_algorithm.py:3686: UserWarning")
+    assert sum(line == "Autotune Choices Stats:" for line in report.other_lines) == 4
+    compiling.print_autotune_summary(report)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "3 matrix products tuned (2 distinct), 5 s of benchmarking and precompiling; times in ms"
+    assert out[2].split() == ["addmm", "16368×1024", "@", "1024×3072", "bias_addmm", "0.1444", "triton_mm_17", "0.1768"]
+    assert out[-1] == "won by: ATen (cuBLAS) 2, Triton template 1"
+
+
+def test_autotune_report_of_nothing_and_of_other_text(capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    with compiling.autotune_report() as report:
+        sys.stderr.write("\x1b[31mnot a tuning block\x1b[0m\nAUTOTUNE mm(2x3, 3x4)\n  mm 0.0100 ms 100.0%\n")
+    assert report.other_lines == ["not a tuning block"]
+    assert [(p.product, p.winner, p.seconds) for p in report.products] == [("2×3 @ 3×4", "mm", None)]
+    compiling.print_autotune_summary(compiling.AutotuneReport())
+    assert capsys.readouterr().out == "max-autotune tuned no matrix product (nothing in its report)\n"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check)")
+def test_scheduled_replays_checker_with_real_cuda_graphs() -> None:
+    capture_step = _capture()
+    assert ex.check_scheduled_replays(notebook_solution(NB, "make_optimizer"), capture_step, device="cuda")
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=0.01, capturable=True), capture_step,
+                                         device="cuda")
+    assert not verdict and "same schedule." in verdict.message
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=0.01), capture_step, device="cuda")
+    assert not verdict and "captur" in verdict.message.lower()  # PyTorch refuses a non-capturable step in capture
+    # a rate in CPU memory: a replay cannot read it, so the graph keeps (or refuses) its value at capture
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=torch.tensor(0.01), capturable=True),
+                                         capture_step, device="cuda")
+    assert not verdict, "a CPU tensor rate followed the schedule on the GPU"

@@ -54,13 +54,14 @@ def test_missing_recording_says_what_the_cell_shows_and_where_it_runs(shell, mon
     assert not any(word in texts[0] for word in ("make", "maintainer", "course_utils/recorded"))
 
 
-@pytest.mark.parametrize("line, parsed", [("01-a", ("01-a", 1, "")), ("01-a --gpus 2", ("01-a", 2, "")),
-                                          ('01-a --shows "x y" --gpus 4', ("01-a", 4, "x y"))])
+@pytest.mark.parametrize("line, parsed", [("01-a", ("01-a", 1, "", "")), ("01-a --gpus 2", ("01-a", 2, "", "")),
+                                          ('01-a --shows "x y" --gpus 4', ("01-a", 4, "x y", "")),
+                                          ('01-a --slow "takes 7 min" --shows s', ("01-a", 1, "s", "takes 7 min"))])
 def test_parse_gpu_line(line, parsed):
     assert rec.parse_gpu_line(line) == parsed
 
 
-@pytest.mark.parametrize("line", ["", "a b", "01-a --gpus", "01-a --gpus two", "01-a --shows"])
+@pytest.mark.parametrize("line", ["", "a b", "01-a --gpus", "01-a --gpus two", "01-a --shows", "01-a --slow"])
 def test_parse_gpu_line_rejects(line):
     with pytest.raises(ValueError):
         rec.parse_gpu_line(line)
@@ -193,3 +194,27 @@ def test_only_the_named_cells_run_on_a_gpu_host(shell, monkeypatch, tmp_path):
     monkeypatch.delenv("COURSE_GPU_CELLS")  # unset: every cell runs
     result, cap, _ = run(shell, "%%gpu 99-left-out\nprint('ran too')")
     assert result.success and cap.stdout == "ran too\n" and (tmp_path / "99-left-out.json").exists()
+
+
+def test_a_slow_cell_shows_its_recording_on_a_gpu_until_asked(shell, monkeypatch, tmp_path):
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.delenv("COURSE_SLOW_CELLS", raising=False)
+    monkeypatch.delenv("COURSE_GPU_CELLS", raising=False)
+    monkeypatch.setenv("COURSE_RECORD", "1")
+    monkeypatch.setenv("COURSE_GPU_CELLS", "99-slow")  # named: it runs (and records) although slow
+    result, cap, _ = run(shell, '%%gpu 99-slow --slow "compiles for 7 minutes"\nprint("tuned")')
+    assert result.success and cap.stdout == "tuned\n"
+    monkeypatch.delenv("COURSE_GPU_CELLS")
+    monkeypatch.delenv("COURSE_RECORD")
+    cell = '%%gpu 99-slow --slow "compiles for 7 minutes"\nraise SystemExit("must not run")'
+    result, cap, texts = run(shell, cell)  # on the GPU, not asked for: the recording
+    assert result.success and cap.stdout == "tuned\n"
+    assert texts[0].startswith("Recorded output (this cell compiles for 7 minutes, so it runs only when asked: "
+                               "run `%env COURSE_SLOW_CELLS=1` in this notebook, then this cell again)")
+    fake_gpus(monkeypatch, 0)  # no GPU: the usual label
+    _, _, texts = run(shell, cell)
+    assert texts[0].startswith("Recorded output (this machine has no CUDA GPU)")
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("COURSE_SLOW_CELLS", "1")  # asked for: it runs
+    result, cap, _ = run(shell, '%%gpu 99-slow --slow "compiles for 7 minutes"\nprint("ran again")')
+    assert result.success and cap.stdout == "ran again\n"

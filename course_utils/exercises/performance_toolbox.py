@@ -3,8 +3,9 @@
 1. `check_profile_reading`: what a shipped GPU trace (`MYSTERY_TRACE`) says, read with the tools of
    section 1.
 2. `check_recompile_fix`: `smoothed_loss` recompiles for every new smoothing value; a version that does not.
-3. `check_graphed_step`: a training step captured in a CUDA graph and replayed, against eager steps (on a
-   GPU for real; on the CPU through `course_utils.graph_standin`).
+3. `check_scheduled_replays`: a training step captured once in a CUDA graph and replayed while a learning-rate
+   schedule runs, against eager steps with the schedule (on a GPU for real; on the CPU through
+   `course_utils.graph_standin`).
 4. `check_loader_options`: ``DataLoader`` options that hide `SlowReads`' slow storage from a training loop,
    within a budget of processes and memory.
 """
@@ -31,8 +32,8 @@ from ..input_pipeline import SlowReads
 from ..traces import CPU_ROW, GPU_ROW, STEP_ROW, Span, busy_fraction, host_waits, idle_gaps, read_trace
 from . import Verdict, fail, ok
 
-__all__ = ["BOTTLENECKS", "MYSTERY_TRACE", "LoaderBudget", "check_graphed_step", "check_loader_options",
-           "check_profile_reading", "check_recompile_fix", "smoothed_loss"]
+__all__ = ["BOTTLENECKS", "MYSTERY_TRACE", "PEAK_LR", "REPLAYS", "WARM_UP", "LoaderBudget", "check_loader_options",
+           "check_profile_reading", "check_recompile_fix", "check_scheduled_replays", "smoothed_loss"]
 
 
 # --- 1. reading a profile ---------------------------------------------------------------------------------
@@ -177,95 +178,104 @@ def check_recompile_fix(fn: Callable[..., torch.Tensor]) -> Verdict:
               "most one, when torch.compile makes a number symbolic).")
 
 
-# --- 3. a training step in a CUDA graph --------------------------------------------------------------------
+# --- 3. a captured step that follows its learning-rate schedule -----------------------------------------------
 
-def _graph_training(device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The exercise's model and optimizer: momentum keeps state that is made lazily at the first step."""
+PEAK_LR = 0.01
+"""The exercise's AdamW learning rate after the warm-up."""
+WARM_UP = {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 5}
+"""The exercise's schedule: ``torch.optim.lr_scheduler.LinearLR`` from 10% to 100% of `PEAK_LR` in 5 steps."""
+REPLAYS = 8
+
+
+def _schedule_model(device: str) -> nn.Module:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 5)).to(device)
-    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).to(device)
 
 
-def _eager_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
+def _mse_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    loss = F.mse_loss(model(x), y)
     loss.backward()
     opt.step()
-    return loss.detach()
+    return loss
 
 
-def check_graphed_step(graphed_step: Callable[..., Any], device: str | None = None) -> Verdict:
-    """Exercise: ``graphed_step(model, opt, static_x, static_y)`` warms up (three steps on the static batch),
-    captures one training step (cross-entropy, backward, ``opt.step()``) in a CUDA graph and returns
-    ``replay(x, y)``, which runs that step on a new batch and returns its loss tensor. Checked against eager
-    steps on a GPU when there is one, else on the CPU with `cpu_cuda_graphs`."""
-    if not callable(graphed_step):
-        return fail(f"expected your function, got {type(graphed_step).__name__}.")
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(16, 32, generator=g).to(dev), torch.randint(0, 5, (16,), generator=g).to(dev))
-               for _ in range(6)]
-    def eager(batches_seen: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[nn.Module, torch.Tensor]:
-        model, opt = _graph_training(dev)
-        for x, y in [batches[0]] * 3 + batches_seen:  # three warm-up steps on the static batch, then the batches
-            loss = _eager_step(model, opt, x, y)
-        return model, loss
-
-    model, opt = _graph_training(dev)
-    replays = [0]
-    try:
-        with cpu_cuda_graphs() if dev == "cpu" else nullcontext(), _counting_replays(replays):
-            replay = graphed_step(model, opt, batches[0][0].clone(), batches[0][1].clone())
-            if not callable(replay):
-                return fail(f"graphed_step should return the replay function, got {type(replay).__name__}.")
-            losses = [replay(x, y) for x, y in batches]
-    except Exception as exc:  # the student's code: report any failure as feedback
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return fail(f"your code raised {type(exc).__name__}: {message}",
-                    "during capture nothing may make the host wait for the GPU." if "captur" in message else "")
-    if replays[0] < len(batches):
-        return fail(f"{len(batches)} calls of replay(x, y) replayed a graph {replays[0]} time(s).",
-                    "a graph runs only when it is replayed: the step has to be captured once, and each call "
-                    "of replay(x, y) has to replay it.")
-    last = losses[-1]
-    if not isinstance(last, torch.Tensor) or last.numel() != 1:
-        return fail(f"replay(x, y) should return the loss tensor, got {type(last).__name__}.")
-
-    def same(reference: nn.Module) -> bool:
-        return all(torch.allclose(p, q, atol=1e-5) for p, q in zip(model.parameters(), reference.parameters(),
-                                                                  strict=True))
-
-    reference, want = eager(batches)
-    if not same(reference):
-        if same(eager([batches[0]] * len(batches))[0]):
-            return fail("every replay trained on the batch the graph was captured with, not on the batch passed in.",
-                        "a replay reads the memory it captured; new data has to go into those tensors.")
-        return fail("after the replays, the weights differ from eager training on the same batches.",
-                    "a replay repeats everything the capture did, once-only work included (the optimizer's state "
-                    "made at its first step, gradients accumulated onto old ones): warm up, and let backward "
-                    "make fresh gradients during the capture.")
-    if not torch.allclose(last.detach().float(), want, atol=1e-5):
-        return fail("the weights are right, but replay(x, y) returned another loss than that of the batch.",
-                    "return the loss tensor that the captured step computed: the replay refills it.")
-    where = "on the GPU" if dev != "cpu" else "with the CPU stand-in of CUDA graphs"
-    return ok(f"{len(batches)} replays give the losses and weights of {len(batches)} eager steps ({where}).")
+def _eager_with_schedule(device: str, batches: list[tuple[torch.Tensor, torch.Tensor]], follow: bool) -> nn.Module:
+    """Eager training as the captured loop should train: three warm-up steps on the first batch (what
+    ``capture_step`` does), then one step per batch, the schedule stepped after each (or not, ``follow=False``)."""
+    model = _schedule_model(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=PEAK_LR)
+    schedule = torch.optim.lr_scheduler.LinearLR(opt, **WARM_UP)
+    for i, (x, y) in enumerate([batches[0]] * 3 + batches):
+        opt.zero_grad(set_to_none=True)
+        _mse_step(model, opt, x, y)
+        if follow and i >= 3:
+            schedule.step()
+    return model
 
 
 @contextmanager
-def _counting_replays(count: list[int]) -> Iterator[None]:
-    """Counts the calls of ``torch.cuda.CUDAGraph.replay`` (the stand-in's too) while the block runs."""
-    cls = torch.cuda.CUDAGraph
-    original = cls.replay
-
-    def replay(self: Any) -> Any:
-        count[0] += 1
-        return original(self)
-
-    cls.replay = replay  # type: ignore[method-assign]
-    try:
+def _standin(device: str) -> Iterator[None]:
+    with cpu_cuda_graphs() if device == "cpu" else nullcontext():
         yield
-    finally:
-        cls.replay = original  # type: ignore[method-assign]
+
+
+def check_scheduled_replays(make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+                            capture_step: Callable[..., Any], device: str | None = None) -> Verdict:
+    """Exercise: ``make_optimizer(params)`` returns the AdamW optimizer (peak learning rate `PEAK_LR`) of a
+    small MLP whose step (``F.mse_loss``, backward, ``opt.step()``) is captured once with the notebook's
+    ``capture_step(model, opt, static_x, static_y)`` and replayed on `REPLAYS` batches, the `WARM_UP`
+    schedule stepped after each replay. Right when the weights are those of eager steps with the schedule.
+    Real CUDA graphs on a GPU when there is one, else the CPU stand-in (`cpu_cuda_graphs`)."""
+    if not callable(make_optimizer):
+        return fail(f"expected your make_optimizer function, got {type(make_optimizer).__name__}.")
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 32, generator=g).to(dev), torch.randn(16, 8, generator=g).to(dev))
+               for _ in range(REPLAYS)]
+    model = _schedule_model(dev)
+    try:
+        with _standin(dev):
+            opt = make_optimizer(list(model.parameters()))
+            if not isinstance(opt, torch.optim.AdamW):
+                return fail(f"the exercise trains with torch.optim.AdamW; make_optimizer returned "
+                            f"{type(opt).__name__}.")
+            lr = opt.param_groups[0]["lr"]
+            if not math.isclose(float(lr), PEAK_LR, rel_tol=1e-6):
+                return fail(f"the exercise's learning rate is {PEAK_LR} (the schedule starts at 10% of it); "
+                            f"yours is {float(lr):g}.")
+            schedule = torch.optim.lr_scheduler.LinearLR(opt, **WARM_UP)
+            static_x, static_y = batches[0][0].clone(), batches[0][1].clone()
+            graph, _ = capture_step(model, opt, static_x, static_y)
+            for x, y in batches:
+                static_x.copy_(x)
+                static_y.copy_(y)
+                graph.replay()
+                schedule.step()
+    except Exception as exc:  # the student's code: report any failure as feedback
+        message = " ".join(str(exc).split())[:300]
+        hint = ("section 4's rules: during capture nothing may bring a value back to the host, and the "
+                "optimizer has to be one that can be captured." if "captur" in message.lower() else
+                "PyTorch's message names what it needs." if "not supported" in message else "")
+        return fail(f"capturing or replaying raised {type(exc).__name__}: {message}", hint)
+
+    def gap(reference: nn.Module) -> float:
+        return max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters(),
+                                                              strict=True))
+
+    followed = gap(_eager_with_schedule(dev, batches, follow=True))
+    if followed <= 1e-5:
+        where = ("on the GPU" if dev != "cpu" else
+                 "with the CPU stand-in, where every tensor is memory a replay reads; on a GPU, that is GPU memory")
+        return ok(f"{REPLAYS} replays follow the schedule: the weights are those of {REPLAYS} eager steps with it "
+                  f"({where}).")
+    if gap(_eager_with_schedule(dev, batches, follow=False)) <= 1e-5:
+        return fail(f"after {REPLAYS} replays the weights differ from {REPLAYS} eager steps with the same schedule.",
+                    "each replay sees its new batch (rule 4 is kept). What else changes from one step to the next "
+                    "in this loop, and what does a replay read of it?")
+    return fail(f"after {REPLAYS} replays the weights differ from {REPLAYS} eager steps with the same schedule, "
+                "and from training at one fixed rate too.",
+                "the exercise keeps AdamW's defaults apart from the learning rate; start again from the "
+                "optimizer given in the cell.")
 
 
 # --- 4. a DataLoader within a budget -----------------------------------------------------------------------
