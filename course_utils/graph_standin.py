@@ -169,13 +169,13 @@ def cpu_cuda_graphs() -> Iterator[None]:
         for name, value in stand_ins.items():
             setattr(torch.cuda, name, value)
         for module, devices in optimizers.items():
-            module._get_capturable_supported_devices = _with_cpu(devices)
+            module._get_capturable_supported_devices = _with_cpu(devices)  # type: ignore[attr-defined]
         yield
     finally:
         for name, value in saved.items():
             setattr(torch.cuda, name, value)
         for module, devices in optimizers.items():
-            module._get_capturable_supported_devices = devices
+            module._get_capturable_supported_devices = devices  # type: ignore[attr-defined]
 
 
 def _with_cpu(devices: Callable[..., list[str]]) -> Callable[..., list[str]]:

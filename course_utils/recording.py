@@ -15,6 +15,8 @@ In a notebook (after ``%load_ext course_utils``)::
 - Otherwise the cell shows the stored recording ``course_utils/recorded/<name>.json``: a banner naming
   the hardware and software it was recorded on, then the outputs (text, plots, error messages) in order.
   A missing or unreadable recording shows a note saying so; it never raises.
+- A recorded stream (stdout or stderr) longer than `FOLD_LINES` lines, a compiler's log for instance, is shown
+  folded: its first and last lines, and how many are left out (``load_recording(name)`` has them all).
 - With ``COURSE_RECORD=1`` in the environment (``make record`` on a GPU host), a cell that runs for
   real also writes its outputs to its recording file. ``COURSE_RECORDINGS_DIR`` moves that folder.
 - With ``COURSE_GPU_CELLS=name,name,...`` set, only the ``%%gpu`` cells named there run on a GPU host; the
@@ -54,6 +56,7 @@ __all__ = [
     "Recording",
     "RecordingError",
     "cell_digest",
+    "folded",
     "gpu_cell_magic",
     "hardware_meta",
     "load_recording",
@@ -71,6 +74,8 @@ RECORD_ENV = "COURSE_RECORD"
 DIR_ENV = "COURSE_RECORDINGS_DIR"
 ONLY_ENV = "COURSE_GPU_CELLS"
 SLOW_ENV = "COURSE_SLOW_CELLS"
+FOLD_LINES = 40
+"""A recorded stream longer than this is shown folded (`show_recording`)."""
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,80}$")
 _FILENAME = "<gpu cell>"
 _WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -252,6 +257,17 @@ def not_recorded_note(name: str, gpus: int, have: int, shows: str = "") -> str:
             f"No output of this cell ({name}) from such a machine comes with the course yet.")
 
 
+def folded(text: str, name: str, stream: str = "stdout") -> str:
+    """``text`` as `show_recording` shows it: whole up to `FOLD_LINES` lines, else its first 5 and last 3 lines
+    around a line saying how many are left out and where they are."""
+    lines = text.splitlines(keepends=True)
+    if len(lines) <= FOLD_LINES:
+        return text
+    left_out = len(lines) - 8
+    return ("".join(lines[:5]) + f"[... {left_out} more lines of the recorded {stream}; "
+            f"course_utils.recording.load_recording({name!r}).outputs has them all ...]\n" + "".join(lines[-3:]))
+
+
 def show_recording(name: str, gpus: int = 1, shows: str = "", slow: str = "") -> None:
     """Display a recording with its label, or a note when it is missing or unreadable. Never raises."""
     from IPython.display import publish_display_data
@@ -267,7 +283,7 @@ def show_recording(name: str, gpus: int = 1, shows: str = "", slow: str = "") ->
         kind = out.get("output_type")
         if kind == "stream":
             stream = sys.stderr if out.get("name") == "stderr" else sys.stdout
-            stream.write(out.get("text", ""))
+            stream.write(folded(out.get("text", ""), name, str(out.get("name", "stdout"))))
             stream.flush()
         elif kind == "display_data":
             publish_display_data(out.get("data", {}), out.get("metadata", {}))

@@ -218,3 +218,19 @@ def test_a_slow_cell_shows_its_recording_on_a_gpu_until_asked(shell, monkeypatch
     monkeypatch.setenv("COURSE_SLOW_CELLS", "1")  # asked for: it runs
     result, cap, _ = run(shell, '%%gpu 99-slow --slow "compiles for 7 minutes"\nprint("ran again")')
     assert result.success and cap.stdout == "ran again\n"
+
+
+def test_a_long_recorded_stream_is_shown_folded(shell, monkeypatch, tmp_path):
+    fake_gpus(monkeypatch, 0)
+    log = "".join(f"line {i}\n" for i in range(1, 101))
+    (tmp_path / "99-long.json").write_text(json.dumps({"meta": {"device": "X"}, "outputs": [
+        {"output_type": "stream", "name": "stderr", "text": log},
+        {"output_type": "stream", "name": "stdout", "text": "".join(f"{i}\n" for i in range(rec.FOLD_LINES))}]}))
+    result, cap, _ = run(shell, "%%gpu 99-long\nprint(1)")
+    assert result.success
+    assert cap.stderr.splitlines() == ["line 1", "line 2", "line 3", "line 4", "line 5",
+                                       "[... 92 more lines of the recorded stderr; course_utils.recording."
+                                       "load_recording('99-long').outputs has them all ...]",
+                                       "line 98", "line 99", "line 100"]
+    assert cap.stdout == "".join(f"{i}\n" for i in range(rec.FOLD_LINES))  # 40 lines: shown whole
+    assert rec.load_recording("99-long").outputs[0]["text"] == log  # the file keeps everything

@@ -182,7 +182,7 @@ def check_recompile_fix(fn: Callable[..., torch.Tensor]) -> Verdict:
 
 PEAK_LR = 0.01
 """The exercise's AdamW learning rate after the warm-up."""
-WARM_UP = {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 5}
+WARM_UP: dict[str, Any] = {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 5}
 """The exercise's schedule: ``torch.optim.lr_scheduler.LinearLR`` from 10% to 100% of `PEAK_LR` in 5 steps."""
 REPLAYS = 8
 
