@@ -4,7 +4,7 @@ They hide plumbing, never the lesson: device discovery (`get_device`), an enviro
 (`environment_report`), timing done right (`benchmark`), recorded GPU outputs for machines without a
 GPU (the ``%%gpu`` cell magic), and exercise checkers (`course_utils.exercises`).
 
-In a notebook, ``%load_ext course_utils`` registers the ``%%gpu`` cell magic.
+In a notebook, ``%load_ext course_utils`` registers the ``%%gpu`` cell magic and ``%hint``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ __all__ = [
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext course_utils``: register the ``%%gpu NAME [--gpus N]`` cell magic."""
+    """``%load_ext course_utils``: register the ``%%gpu NAME [--gpus N]`` cell magic and the ``%hint`` line
+    magic (the closer hint of the latest failed exercise check)."""
+    from .exercises import hint_magic
     from .recording import gpu_cell_magic
 
     ipython.register_magic_function(gpu_cell_magic, magic_kind="cell", magic_name="gpu")
+    ipython.register_magic_function(hint_magic, magic_kind="line", magic_name="hint")
