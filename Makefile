@@ -90,7 +90,7 @@ unit: $(VENV)/.test-installed
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check course_utils tests tools benchmarks notebooks
 	$(BIN)/mypy course_utils
-	$(BIN)/actionlint -shellcheck=$(BIN)/shellcheck -pyflakes= .github/workflows/*.yml
+	$(BIN)/actionlint -config-file .github/actionlint.yaml -shellcheck=$(BIN)/shellcheck -pyflakes= .github/workflows/*.yml
 	$(BIN)/zizmor --offline --no-progress .github/workflows
 
 ## the course as a website in site/ (Sphinx, MyST-NB, sphinx-book-theme) from the stored outputs: search, launch

@@ -22,6 +22,9 @@ WORKFLOWS = ROOT / ".github" / "workflows"
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
 VERSION_COMMENT = re.compile(r"uses:\s*(\S+)\s+#\s*v\d+(\.\d+)*\s*$")
 DEPLOY_IF = "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+# The deploy job also needs Pages turned on: the original repository has it, a fork opts in with a variable
+# (configure-pages fails on every push to main of a fork without Pages).
+PAGES_ON = "vars.COURSE_PAGES == 'true'"
 
 
 def load(name: str) -> dict[str, Any]:
@@ -128,6 +131,10 @@ def problems_of_the_gpu_job(workflow: dict[str, Any]) -> list[str]:
         problems.append(f"job {name}: an `||` in its condition could run it without the variable: {condition!r}")
     if "github.event_name == 'push'" not in condition:
         problems.append(f"job {name}: must not run for pull requests (a fork's code on the GPU machine)")
+    checking = [step for step in job.get("steps", []) if "make gpu-check" in str(step.get("run", ""))]
+    if not all("${{ github.workspace }}" in str((step.get("env") or {}).get("PYTHONPATH", "")) for step in checking):
+        problems.append(f"job {name}: make gpu-check must import the pushed course_utils (PYTHONPATH set to "
+                        "the checkout), not whichever one the runner has installed")
     return problems
 
 
@@ -145,8 +152,10 @@ def problems_of_the_site_workflow(workflow: dict[str, Any]) -> list[str]:
     if len(deployers) != 1:
         return problems + [f"site.yml must have one job that deploys to Pages, not {sorted(deployers)}"]
     (name, deploy), = deployers.items()
-    if str(deploy.get("if", "")).strip() != DEPLOY_IF:
-        problems.append(f"job {name}: deploys on {deploy.get('if')!r}; it must deploy only on {DEPLOY_IF!r}")
+    condition = str(deploy.get("if", "")).strip()
+    if not condition.startswith(f"{DEPLOY_IF} && (") or PAGES_ON not in condition:
+        problems.append(f"job {name}: deploys on {deploy.get('if')!r}; it must deploy only on {DEPLOY_IF!r} "
+                        f"and where Pages is on ({PAGES_ON!r} for a fork)")
     if deploy.get("permissions") != {"pages": "write", "id-token": "write"}:
         problems.append(f"job {name}: permissions must be exactly pages: write and id-token: write")
     environment = deploy.get("environment")
@@ -271,6 +280,9 @@ def test_a_gpu_job_that_is_on_by_default_fails():
     assert any("pull requests" in p for p in problems_of_the_gpu_job(broken))
     job["runs-on"] = "ubuntu-latest"
     assert any("labelled gpu" in p for p in problems_of_the_gpu_job(broken))
+    for step in job["steps"]:
+        (step.get("env") or {}).pop("PYTHONPATH", None)
+    assert any("pushed course_utils" in p for p in problems_of_the_gpu_job(broken))
 
 
 def test_deploying_from_a_pull_request_fails():
@@ -280,6 +292,8 @@ def test_deploying_from_a_pull_request_fails():
     assert any("deploy only" in p for p in problems_of_the_site_workflow(broken))
     del deploy["if"]
     assert any("deploy only" in p for p in problems_of_the_site_workflow(broken))
+    deploy["if"] = DEPLOY_IF  # a fork without Pages would fail at configure-pages on every push
+    assert any("where Pages is on" in p for p in problems_of_the_site_workflow(broken))
     broken = copy.deepcopy(load("site.yml"))
     build = _job_running(broken, "make site")
     build["permissions"] = {"contents": "read", "pages": "write"}
@@ -304,3 +318,12 @@ def test_broad_permissions_and_persisted_credentials_fail():
     problems = problems_of_any_workflow(broken, text)
     assert any("top-level permissions" in p for p in problems)
     assert any("persist-credentials" in p for p in problems)
+
+
+def test_every_repository_variable_a_workflow_reads_is_explained_for_forks():
+    """A fork's instructor learns from CONTRIBUTING.md which repository variables turn things on."""
+    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    read = {name for path in WORKFLOWS.glob("*.yml")
+            for name in re.findall(r"\bvars\.([A-Z_]+)", path.read_text(encoding="utf-8"))}
+    assert {"COURSE_PAGES", "COURSE_GPU_CI"} <= read
+    assert not [name for name in read if f"`{name}`" not in contributing], "CONTRIBUTING.md must name each"
