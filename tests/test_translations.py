@@ -46,6 +46,25 @@ def test_translation_follows_the_glossary(path):
         "\n".join(f"  {english!r} → {rendering!r} in {words!r}" for words, english, rendering in misses)
 
 
+@pytest.mark.parametrize("po_path", [tr.CATALOGUES / f"{p.stem}.po" for p in NOTEBOOKS] + [tr.COURSE_PO],
+                         ids=IDS + ["course"])
+def test_translation_avoids_the_renderings_the_glossary_rules_out(po_path):
+    """One concept, one Chinese term: a block whose English uses a glossary term must not also name it in a way
+    the glossary's last column rules out (不确定性 beside 非确定性, 重启 kernel for restarting the Jupyter kernel)."""
+    avoided = tr.glossary_avoided(polib.pofile(str(po_path)), tr.glossary_rows())
+    assert not avoided, f"{po_path.name}: renderings that i18n/zh_CN/GLOSSARY.md says to avoid:\n" + \
+        "\n".join(f"  {english!r}: {rendering!r} in {words!r}" for words, english, rendering in avoided)
+
+
+def test_glossary_no_avoided_rendering_contains_its_own_term():
+    """An avoided rendering inside the rendering itself would flag every correct translation."""
+    rows = tr.glossary_rows()
+    assert ("nondeterminism", "非确定性", ("不确定性",)) in rows
+    assert all(len(row) == 3 for row in rows) and tr.glossary() == [(e, r) for e, r, _ in rows]
+    bad = [(english, rendering, a) for english, rendering, avoid in rows for a in avoid if a.lower() in rendering.lower()]
+    assert not bad, f"avoided renderings that the rendering contains: {bad}"
+
+
 def test_the_generated_parts_are_translated():
     po = polib.pofile(str(tr.COURSE_PO))
     missing = [e.msgid for e in po if not e.obsolete and (not e.msgstr or "fuzzy" in e.flags)]
@@ -118,3 +137,25 @@ def test_structure_and_glossary_checks_catch_a_careless_translation():
     po = tr.new_catalogue("x.ipynb")
     po.append(polib.POEntry(msgid=english, msgstr="## 2. 锁页内存：`pin_memory=True` 达到 55 GB/s\n- 甲\n- 乙"))
     assert tr.glossary_misses(po, tr.glossary()) == [(english[:60].replace("\n", " "), "pinned memory", "固定内存")]
+
+
+def test_avoided_renderings_check_catches_a_careless_translation():
+    rows = tr.glossary_rows()
+    english = "- **Nondeterminism**: restart the kernel, then time the GPU kernel again."
+    po = tr.new_catalogue("x.ipynb")
+    po.append(polib.POEntry(msgid=english, msgstr="- **非确定性**：重启内核，然后再给 GPU kernel 计时。"))
+    assert tr.glossary_misses(po, tr.glossary()) == [] and tr.glossary_avoided(po, rows) == []
+    # 非确定性 is there, and so is 不确定性, which only the new check sees; 重启 kernel both checks see
+    po[0].msgstr = "- **非确定性**（不确定性）：重启 kernel，然后再给 GPU kernel 计时。"
+    words = english[:60]
+    assert tr.glossary_misses(po, tr.glossary()) == [(words, "restart the kernel", "重启内核")]
+    assert tr.glossary_avoided(po, rows) == [(words, "restart the kernel", "重启 kernel"),
+                                             (words, "nondeterminism", "不确定性")]
+    # a word with two meanings: the GPU kernel stays "kernel", and 收集 stays right for "collect", even in a
+    # block that all-gathers (all-gather hides the gather inside it)
+    po = tr.new_catalogue("x.ipynb")
+    po.append(polib.POEntry(msgid="Each kernel is timed; the all-gather collects the shards.",
+                            msgstr="每个 kernel 都计时；all-gather 收集各个分片。"))
+    assert tr.glossary_misses(po, tr.glossary()) == [] and tr.glossary_avoided(po, rows) == []
+    po[0].msgid = "Each kernel is timed; the unit is gathered from the shards."
+    assert tr.glossary_avoided(po, rows) == [(po[0].msgid[:60], "gathered", "收集")]

@@ -30,6 +30,7 @@ import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,16 +270,25 @@ def structure_problems(msgid: str, msgstr: str) -> list[str]:
 # --- the glossary ----------------------------------------------------------------------------------------
 
 GLOSSARY = CATALOGUES / "GLOSSARY.md"
+AVOID_SEPARATOR = "、"
+"""Between the renderings of the glossary's fourth column (避免的译法)."""
 
 
-def glossary() -> list[tuple[str, str]]:
-    """(English term, its Chinese rendering) of every row of the glossary's table."""
+def glossary_rows() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(English term, its Chinese rendering, the renderings to avoid) of every row of the glossary's table.
+    The fourth column, optional, lists the renderings to avoid, separated by 、."""
     rows = []
     for line in GLOSSARY.read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and len(cells) >= 2 and cells[0] not in ("English", "") and set(cells[0]) != {"-"}:
-            rows.append((cells[0], cells[1]))
+            avoid = cells[3].split(AVOID_SEPARATOR) if len(cells) >= 4 else []
+            rows.append((cells[0], cells[1], tuple(a.strip() for a in avoid if a.strip())))
     return rows
+
+
+def glossary() -> list[tuple[str, str]]:
+    """(English term, its Chinese rendering) of every row of the glossary's table."""
+    return [(english, rendering) for english, rendering, _ in glossary_rows()]
 
 
 def _term(english: str) -> re.Pattern[str]:
@@ -290,24 +300,39 @@ def _term(english: str) -> re.Pattern[str]:
     return re.compile(rf"\b{body}s?\b")
 
 
-def glossary_misses(po: polib.POFile, terms: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
-    """(the block's first words, English term, rendering) for each translated block whose English uses a
-    glossary term (outside code and link targets) and whose Chinese lacks its rendering. Longer terms are
-    matched first and hide the shorter ones inside them (activation checkpointing, not activation)."""
-    misses = []
+def _terms_used(po: polib.POFile, terms: list[tuple]) -> Iterator[tuple[polib.POEntry, tuple]]:
+    """(entry, the term's row) for each translated block whose English uses a term of ``terms`` (rows whose
+    first item is the English term) outside code and link targets. Longer terms are matched first and hide
+    the shorter ones inside them (activation checkpointing, not activation; all-gather, not gather)."""
     ordered = sorted(terms, key=lambda t: -len(t[0]))
     for entry in po:
         if entry.obsolete or not entry.msgstr or "fuzzy" in entry.flags:
             continue
         prose = _LINK_TARGET.sub("]", _INLINE_CODE.sub(" ", entry.msgid))
-        chinese = entry.msgstr.lower()
-        for english, rendering in ordered:
-            pattern = _term(english)
+        for row in ordered:
+            pattern = _term(row[0])
             if pattern.search(prose):
                 prose = pattern.sub(" ", prose)
-                if rendering.lower() not in chinese:
-                    misses.append((entry.msgid[:60].replace("\n", " "), english, rendering))
-    return misses
+                yield entry, row
+
+
+def glossary_misses(po: polib.POFile, terms: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(the block's first words, English term, rendering) for each translated block whose English uses a
+    glossary term (outside code and link targets) and whose Chinese lacks its rendering. Longer terms are
+    matched first and hide the shorter ones inside them (activation checkpointing, not activation)."""
+    return [(entry.msgid[:60].replace("\n", " "), english, rendering)
+            for entry, (english, rendering, *_) in _terms_used(po, terms)
+            if rendering.lower() not in entry.msgstr.lower()]
+
+
+def glossary_avoided(po: polib.POFile, rows: list[tuple[str, str, tuple[str, ...]]]) -> list[tuple[str, str, str]]:
+    """(the block's first words, English term, avoided rendering) for each translated block whose English uses
+    a glossary term (outside code and link targets, longer terms hiding shorter ones, as ``glossary_misses``)
+    and whose Chinese contains one of the renderings the glossary says to avoid for it (``glossary_rows``):
+    a concept named two ways, 不确定性 beside 非确定性."""
+    return [(entry.msgid[:60].replace("\n", " "), english, avoided)
+            for entry, (english, _, avoid) in _terms_used(po, rows)
+            for avoided in avoid if avoided.lower() in entry.msgstr.lower()]
 
 
 # --- the Chinese notebooks and README ------------------------------------------------------------------
