@@ -604,47 +604,107 @@ def test_gpu_checkpoint_checker_right_and_wrong(original_course):
     right = load_weights(FooNet(), path)
     assert check_gpu_checkpoint_on_cpu(right, path)
     verdict = check_gpu_checkpoint_on_cpu(FooNet(), path)  # forgot load_state_dict
-    assert not verdict and "random initial weights" in verdict.message
+    assert not verdict and "still has the random weights it was built with" in verdict.message
     assert not check_gpu_checkpoint_on_cpu(load_checkpoint(path), path)  # the dict, not the model
-    assert "still wrapped" in check_gpu_checkpoint_on_cpu(nn.DataParallel(right), path).message
+    assert "DataParallel wrapper" in check_gpu_checkpoint_on_cpu(nn.DataParallel(right), path).message
     assert not check_gpu_checkpoint_on_cpu(nn.Linear(3, 3), path)
     assert not check_gpu_checkpoint_on_cpu(right, path.with_name("missing.pkl"))
 
 
+def test_gpu_checkpoint_checker_after_loading(saved):
+    """The weights loaded, then changed by a training step, or the model frozen: both rejected for what they did."""
+    stepped = load_weights(FooNet(), saved)
+    opt = torch.optim.SGD(stepped.parameters(), lr=0.1)
+    stepped(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    verdict = check_gpu_checkpoint_on_cpu(stepped, saved)
+    assert not verdict and "something changed the weights after loading" in verdict.message, verdict
+    assert "still has the random weights" not in verdict.message
+    verdict = check_gpu_checkpoint_on_cpu(load_weights(FooNet(), saved).requires_grad_(False), saved)
+    assert not verdict and "requires_grad is False for 3 of its 3 parameters" in verdict.message, verdict
+    verdict = check_gpu_checkpoint_on_cpu(load_weights(FooNet(), saved).eval(), saved)
+    assert not verdict and "eval mode" in verdict.message, verdict
+
+
 def test_gpu_checkpoint_checker_needs_no_fixture(saved):
     assert check_gpu_checkpoint_on_cpu(load_weights(FooNet(), saved), saved)
-    assert "not a dict" not in check_gpu_checkpoint_on_cpu(FooNet(), saved).message
+    assert "you passed a dict" not in check_gpu_checkpoint_on_cpu(FooNet(), saved).message
+    assert "cannot read the checkpoint" in check_gpu_checkpoint_on_cpu(FooNet(), saved.with_name("gone.pt")).message
 
 
-def _broken() -> OrderedDict:
-    torch.manual_seed(0)
-    return nn.DataParallel(torch.compile(TwoPart())).state_dict()
+def test_two_prefix_checker_tries_the_prefixes_the_wrappers_really_add():
+    """The checker writes its state_dicts' prefixes by hand: they are those of the real wrappers."""
+    from course_utils.exercises.loading_across_devices import _CASES
 
+    real = {
+        "module._orig_mod.": nn.DataParallel(torch.compile(TwoPart())),  # the notebook's `broken`
+        "_orig_mod.module.": torch.compile(nn.DataParallel(TwoPart())),  # what torch.compile(ddp_model) saves
+        "module.": nn.DataParallel(TwoPart()),
+        "_orig_mod.": torch.compile(TwoPart()),
+        "": TwoPart(),
+    }
+    from course_utils.exercises.loading_across_devices import _prefixed
 
-def test_two_prefix_checker_right_answer():
-    broken = _broken()
-    assert list(broken)[0] == "module._orig_mod.encoder.weight"
-    assert check_two_prefix_repair(strip_prefixes(broken), broken, TwoPart())
+    assert [prefix for prefix, _ in _CASES] == list(real)
+    for prefix, wrapped in real.items():
+        assert list(wrapped.state_dict()) == [prefix + k for k in TwoPart().state_dict()]
+        # and the version metadata that a real state_dict carries, the wrappers' own entries included
+        assert wrapped.state_dict()._metadata == _prefixed(TwoPart(), prefix)._metadata
+    assert check_two_prefix_repair(strip_prefixes, TwoPart())
 
 
 def test_two_prefix_checker_wrong_answers():
-    broken = _broken()
-    assert "returned None" in check_two_prefix_repair(None, broken, TwoPart()).message
-    assert not check_two_prefix_repair([1], broken, TwoPart())
-    one = {k.removeprefix("module."): v for k, v in broken.items()}
-    assert "still start with a wrapper prefix" in check_two_prefix_repair(one, broken, TwoPart()).message
-    replaced = {k.replace("module.", "").replace("_orig_mod.", ""): v for k, v in broken.items()}
-    verdict = check_two_prefix_repair(replaced, broken, TwoPart())
-    assert not verdict and "removeprefix" in verdict.hint
-    fewer = dict(list(strip_prefixes(broken).items())[:2])
-    assert "missing" in check_two_prefix_repair(fewer, broken, TwoPart()).message
-    changed = {k: torch.zeros_like(v) for k, v in strip_prefixes(broken).items()}
-    assert "same tensor" in check_two_prefix_repair(changed, broken, TwoPart()).message
-    in_place = OrderedDict(broken)
-    repaired = strip_prefixes(in_place)
-    in_place.clear()
-    in_place.update(repaired)  # the student changed `broken` itself
-    assert "in place" in check_two_prefix_repair(repaired, in_place, TwoPart()).message
+    def none(state_dict):
+        return None
+
+    def one(state_dict):
+        return {k.removeprefix("module."): v for k, v in state_dict.items()}
+
+    def replaced(state_dict):
+        return {k.replace("module.", "").replace("_orig_mod.", ""): v for k, v in state_dict.items()}
+
+    def fewer(state_dict):
+        return dict(list(strip_prefixes(state_dict).items())[:2])
+
+    def changed(state_dict):
+        return {k: torch.zeros_like(v) for k, v in strip_prefixes(state_dict).items()}
+
+    def in_place(state_dict):
+        repaired = strip_prefixes(state_dict)
+        state_dict.clear()
+        state_dict.update(repaired)  # the student changed `broken` itself
+        return state_dict
+
+    assert "returned None" in check_two_prefix_repair(none, TwoPart()).message
+    assert "expected a dict of weights" in check_two_prefix_repair(lambda sd: [1], TwoPart()).message
+    assert "still start with a wrapper prefix" in check_two_prefix_repair(one, TwoPart()).message
+    verdict = check_two_prefix_repair(replaced, TwoPart())
+    assert not verdict and "str.replace pitfall" in verdict.hint and "removeprefix" in verdict.closer
+    assert "missing" in check_two_prefix_repair(fewer, TwoPart()).message
+    assert "same tensor" in check_two_prefix_repair(changed, TwoPart()).message
+    assert "changed the dict it was given" in check_two_prefix_repair(in_place, TwoPart()).message
+
+    import copy
+
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+    def shallow_copy(state_dict):
+        state_dict = copy.copy(state_dict)  # shares _metadata with the argument
+        for prefix in ("module.", "_orig_mod.", "module."):
+            consume_prefix_in_state_dict_if_present(state_dict, prefix)
+        return state_dict
+
+    def last_parts(state_dict):
+        return {".".join(k.split(".")[-2:]): v for k, v in state_dict.items()}
+
+    assert "its _metadata" in check_two_prefix_repair(shallow_copy, TwoPart()).message
+    assert "a deeper model" in check_two_prefix_repair(last_parts, TwoPart()).message
+    assert "torch.float64" in check_two_prefix_repair(
+        lambda sd: {k: v.double() for k, v in strip_prefixes(sd).items()}, TwoPart()).message
+    assert "on meta" in check_two_prefix_repair(
+        lambda sd: {k: v.to("meta") for k, v in strip_prefixes(sd).items()}, TwoPart()).message
+    assert "more that it does not have: ['epoch']" in check_two_prefix_repair(
+        lambda sd: {**strip_prefixes(sd), "epoch": 1}, TwoPart()).message
 
 
 # ------------------------------------------------------------------ the GPU checkpoints shipped in data/

@@ -123,7 +123,7 @@ def test_synchronize_only_before_the_call_is_caught():
     verdict = check_time_per_call(sync_only_before)
     assert not verdict
     assert "clock stops before the work is done" in verdict.message
-    assert "sync() after fn()" in verdict.hint
+    assert "has the device finished" in verdict.hint and "sync() after fn()" in verdict.closer
 
 
 def test_work_queued_before_the_clock_starts_is_caught():
@@ -135,10 +135,10 @@ def test_work_queued_before_the_clock_starts_is_caught():
 @pytest.mark.parametrize(("answer", "expected"), [
     (total_not_per_call, "total over all the calls"),
     (milliseconds, "milliseconds"),
-    (no_warmup_mean, "warm up"),
+    (no_warmup_mean, "first call costs"),
     (lambda fn, sync: None, "not a number of seconds"),
     (lambda fn, sync: 0.004, "called fn() 0 time(s)"),
-    (lambda fn, sync: -1.0, "not a duration"),
+    (lambda fn, sync: -1.0, "a negative duration"),
     ("not a function", "expected a function"),
 ])
 def test_wrong_results_are_explained(answer, expected):
@@ -349,7 +349,7 @@ def test_verdicts_hold_when_every_sleep_wakes_late(monkeypatch):
     for fn in (right, right_loop):
         assert check_time_per_call(fn), fn.__name__
     for answer, expected in [(no_sync, "never calls sync()"), (total_not_per_call, "total over all the calls"),
-                             (milliseconds, "milliseconds"), (no_warmup_mean, "warm up"),
+                             (milliseconds, "milliseconds"), (no_warmup_mean, "first call costs"),
                              (sync_only_after_loop, "queued before the clock started")]:
         verdict = check_time_per_call(answer)
         assert not verdict and expected in str(verdict), (answer.__name__, str(verdict))

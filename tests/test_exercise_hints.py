@@ -4,7 +4,7 @@ student asks (%hint, Verdict.closer_hint) or fails the same exercise again in th
 from __future__ import annotations
 
 import pytest
-from IPython.testing.globalipapp import start_ipython
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from course_utils import exercises
@@ -33,7 +33,7 @@ def test_the_closer_hint_waits_for_a_second_failure_of_the_same_exercise() -> No
     first = check_double(lambda x: x)
     assert not first and first.hint == "what does doubling mean?" and first.closer == "return 2 * x"
     assert str(first).splitlines() == ["✘ Not yet. fn(2) returned 2.", "  Hint: what does doubling mean?",
-                                       f"  ({exercises.ASK})"]
+                                       f"  {exercises.ASK}"]
     assert "return 2 * x" not in str(first) and "return 2 * x" not in first._repr_html_()
     assert not check_other(False)  # another exercise's failure counts for that exercise only
     second = check_double(lambda x: x + 1)
@@ -50,7 +50,7 @@ def test_asking_for_the_closer_hint() -> None:
 
 
 def test_the_hint_magic() -> None:
-    shell = start_ipython()
+    shell = InteractiveShell.instance()  # the one shell of this process, as the other tests use it
     shell.run_line_magic("load_ext", "course_utils")
     with capture_output() as cap:
         shell.run_cell("%hint")

@@ -180,7 +180,7 @@ def test_train_step_right_answer():
     (batch_not_moved, "not on the expected device"),
     (returns_item, "float"),
     (not_detached, "requires grad"),
-    (forgets_zero_grad, "zero_grad"),
+    (forgets_zero_grad, "nothing cleared them"),
     (moves_model_to_batch, "meta"),
     (stub, "returned None"),
     ("train_step", "expected a function"),
@@ -214,18 +214,24 @@ def test_quiz_wrong_answers_get_no_reasons_even_when_asked():
 
 
 @pytest.mark.parametrize("answers, words", [
-    ({**RIGHT, "c": True}, "1 of 8 wrong: c)"),
+    ({**RIGHT, "c": True}, "1 of 8 wrong"),
     ({**RIGHT, "h": False, "e": True}, "2 of 8 wrong"),
     ({k: True for k in RIGHT}, "3 of 8 wrong"),
-    ({**RIGHT, "b": None}, "missing or not a bool: b"),
+    ({**RIGHT, "b": None}, "missing: b"),
     ({**RIGHT, "z": True}, "unknown case"),
-    ({**RIGHT, "a": "same"}, "not a bool: a"),
+    ({**RIGHT, "a": "same"}, "not True/False: a (str)"),
     ([True] * 8, "expected a dict"),
 ])
 def test_quiz_wrong_answers(answers, words):
     verdict = md.check_quiz(answers)
     assert not verdict
     assert words in str(verdict), str(verdict)
+
+
+def test_quiz_names_the_wrong_letters_in_the_closer_hint_only():
+    verdict = md.check_quiz({**RIGHT, "c": True})
+    assert "c)" not in str(verdict) and "copy=True" in verdict.hint
+    assert "The wrong one: c." in str(verdict.closer_hint())
 
 
 # ---------------------------------------------------------------- transfer sweep (on the CPU)

@@ -294,13 +294,13 @@ def test_check_logical_to_physical():
         return [int(v) for v in visible.split(",") if v]
 
     v = torch_cuda_api.check_logical_to_physical(sorted_ids)
-    assert not v and "Do not sort" in v.hint
+    assert not v and "another order than the list" in v.message and "cuda:0" in v.hint
     v = torch_cuda_api.check_logical_to_physical(empty_means_all)
-    assert not v and "empty string" in v.message
+    assert not v and "as if the variable were unset" in v.message and "empty string" in v.hint
     v = torch_cuda_api.check_logical_to_physical(skips_invalid)
-    assert not v and "stops at the first invalid" in v.hint
+    assert not v and "left out 7 and kept 2" in v.message and "after an invalid one" in v.hint
     v = torch_cuda_api.check_logical_to_physical(crashes_on_none)
-    assert not v and "raised AttributeError" in v.message and "None" in v.hint
+    assert not v and "raised AttributeError" in v.message and "not set at all" in v.hint
     v = torch_cuda_api.check_logical_to_physical(lambda visible, n: {0: 2, 1: 3})
     assert not v and "dict" in v.message
     assert not torch_cuda_api.check_logical_to_physical("2,3")
@@ -313,11 +313,11 @@ def test_check_memory_prediction():
     # del gives memory back to the driver (it does not)
     wrong = right[:2] + [(128, 128)] + right[3:]
     v = torch_cuda_api.check_memory_prediction(wrong)
-    assert not v and "step 3" in v.message and "reserved" in v.message and "cache" in v.hint
+    assert not v and "step 3" in v.message and "reserved dropping from 384 to 128" in v.message and "cache" in v.hint
     # empty_cache releases a split segment (it does not)
     wrong = right[:4] + [(192, 192)] + right[5:]
     v = torch_cuda_api.check_memory_prediction(wrong)
-    assert not v and "step 5" in v.message and "entirely free" in v.hint
+    assert not v and "step 5" in v.message and "empty_cache" in v.hint and "entirely free" in v.closer
     # w reuses the 192 MiB that is left (it cannot)
     wrong = right[:5] + [(392, 392)] + right[6:]
     v = torch_cuda_api.check_memory_prediction(wrong)
@@ -364,14 +364,14 @@ def test_check_pick_gpus():
         return ",".join(str(i) for i in ids[:n])
 
     v = torch_cuda_api.check_pick_gpus(first_n)
-    assert not v and "the example" in v.message
+    assert not v and "the example" in v.message and "includes GPU 0" in v.message
     v = torch_cuda_api.check_pick_gpus(ascending)
-    assert not v
+    assert not v and "GPU 2, with 139000 MiB free, was left out for one with less" in v.message
     v = torch_cuda_api.check_pick_gpus(ignores_need)
-    assert not v and "no 1 GPU has 4000 MiB free" in v.message or "leave out" in v.hint
+    assert not v and "only 0 GPU(s) have at least 4000 MiB free" in v.message and "instead of answering" in v.hint
     v = torch_cuda_api.check_pick_gpus(as_list)
     assert not v and "not a string" in v.message
     v = torch_cuda_api.check_pick_gpus(tie_to_higher)
-    assert not v and "a tie" in v.message and "lower id" in v.hint
+    assert not v and "a tie" in v.message and "you put 2 first" in v.message and "rule for ties" in v.hint
     v = torch_cuda_api.check_pick_gpus(lambda f, n, need: 1 / 0)
     assert not v and "ZeroDivisionError" in v.message

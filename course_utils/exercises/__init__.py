@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 __all__ = ["Verdict", "exercise", "fail", "hint_magic", "last_failure", "ok"]
 
-ASK = "Stuck? %hint gives a closer hint (so does your next try, if it fails too)."
+ASK = "Stuck? %hint gives a closer hint; so does your next try, if it fails too."
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Verdict:
         if self.closer and self.show_closer:
             lines.append(f"  Closer hint: {self.closer}")
         elif self.closer:
-            lines.append(f"  ({ASK})")
+            lines.append(f"  {ASK}")
         return "\n".join(lines)
 
     __repr__ = __str__

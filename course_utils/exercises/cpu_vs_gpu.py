@@ -30,7 +30,7 @@ import torch
 
 from ..formatting import format_seconds
 from ..timing import benchmark, synchronize
-from . import Verdict, fail, ok
+from . import Verdict, exercise, fail, ok
 
 __all__ = ["SimulatedAsyncDevice", "check_time_per_call"]
 
@@ -115,24 +115,47 @@ class _Workload:
             self.device.synchronize()
 
 
+_SIGNATURE = "The checker calls time_per_call(fn, sync); fn() and sync() take no arguments."
+
+
+def _raised(exc: Exception) -> Verdict:
+    text = str(exc)
+    message = f"your function raised {type(exc).__name__}: {text}"
+    if "CUDA" in text or "cuda" in text:
+        return fail(message + " (a CUDA call needs a CUDA GPU).",
+                    "The sync argument is there so that one function times work on any device, with or "
+                    "without a CUDA GPU: what waits for the device the work runs on?",
+                    "Call sync() where you called a torch.cuda function.")
+    if isinstance(exc, TypeError) and "positional argument" in text:
+        return fail(message + ".", "How does the checker call your function, and what do fn and sync take?",
+                    _SIGNATURE)
+    return fail(message + ".", "The error's last line names what went wrong, and the traceback the line of "
+                "your function that raised it.", _SIGNATURE)
+
+
 def _run(time_per_call: Callable[..., Any], work: _Workload) -> tuple[float | None, Verdict | None]:
     """Call the student's function; return (seconds, None) or (None, a failing verdict)."""
     try:
         result = time_per_call(work, work.sync)
     except Exception as exc:
-        hint = ("use the sync argument to wait for the device (not torch.cuda.synchronize(), which needs a "
-                "CUDA GPU), and time.perf_counter() for the clock")
-        return None, fail(f"your function raised {type(exc).__name__}: {exc}", hint)
+        return None, _raised(exc)
     if isinstance(result, torch.Tensor) and result.numel() == 1:
         result = result.item()
     if isinstance(result, bool) or not isinstance(result, numbers.Real):
-        return None, fail(f"your function returned {result!r} ({type(result).__name__}), not a number of "
-                          "seconds.", "return the median of the per-call times, e.g. "
-                          "statistics.median(times)")
+        many = f"{len(result)} values" if isinstance(result, list | tuple) else repr(result)
+        return None, fail(f"your function returned {many} ({type(result).__name__}), not a number of seconds.",
+                          "The exercise asks for one number: the median time of one call, in seconds.",
+                          "Collect one duration per timed call in a list, and return its median (the "
+                          "statistics module has one).")
     value = float(result)
-    if not math.isfinite(value) or value < 0:
+    if value < 0:
+        return None, fail(f"your function returned {format_seconds(value)}, a negative duration.",
+                          "A duration is the later clock reading minus the earlier one.",
+                          "Subtract the clock reading taken before fn() from the one taken after it.")
+    if not math.isfinite(value):
         return None, fail(f"your function returned {value}, which is not a duration.",
-                          "return time.perf_counter() differences: end - start, in seconds")
+                          "A duration is the later clock reading minus the earlier one, in seconds.",
+                          "Use differences of time.perf_counter() readings.")
     return value, None
 
 
@@ -140,24 +163,32 @@ def _too_large(value: float, work: _Workload, asynchronous: bool) -> Verdict:
     d = work.took()  # what a call really took, on a busy machine more than asked
     if 0.5e3 * d <= value <= 3e3 * d:
         return fail(f"your function returned {value:.4g} for work that takes {format_seconds(d)} per call: "
-                    "that looks like milliseconds.", "return seconds: do not multiply by 1000")
+                    "that looks like milliseconds.",
+                    "Which unit does time.perf_counter() count in, and which does the exercise ask for?",
+                    "Return the seconds as time.perf_counter() differences give them: no factor of 1000.")
     per = value / d
     first_call_counted = fail(
         f"your function returned {format_seconds(value)} per call for work that takes {format_seconds(d)} per call, "
         f"but whose first call costs {format_seconds(work.warmup + d)} (initialisation).",
-        "warm up: call fn() a few times before timing, and return the median of several samples (not the mean, "
-        "not the first)")
+        "Section 3.1: the first call pays for initialisation. Does your figure include it? (A mean lets one "
+        "slow sample pull it up; a median does not.)",
+        "Call fn() a few times before the timed calls, and return the median of the timed calls (not their "
+        "mean, not the first).")
     if not asynchronous and work.durations and math.isclose(value, statistics.mean(work.durations), rel_tol=0.2):
         return first_call_counted  # the mean of every call, the slow first one included
     if work.calls >= 4 and per >= 0.8 * (work.calls - 3):
         return fail(f"your function returned {format_seconds(value)}, about {round(per)} times the "
                     f"{format_seconds(d)} one call takes: that looks like the total over all the calls.",
-                    "divide each measured time by the number of calls it covers, or time calls one by one")
+                    "The exercise asks for the time of ONE call: how many calls does your measured time cover?",
+                    "Divide by the number of calls between the two clock readings (or time each call on its "
+                    "own and take the median).")
     if asynchronous:
         return fail(f"your function returned {format_seconds(value)} per call for work that keeps the device "
                     f"busy {format_seconds(d)} per call: it counts work queued before the clock started "
                     f"(the warm-up call costs {format_seconds(work.warmup + d)}).",
-                    "call sync() after the warm-up calls and before reading the clock at the start")
+                    "Section 3: a GPU call returns as soon as its work is queued. When your clock starts, is "
+                    "the device still busy with the warm-up calls?",
+                    "Call sync() after the warm-up and before the clock reading that starts the timing.")
     return first_call_counted
 
 
@@ -168,16 +199,26 @@ def _check_sync_free(time_per_call: Callable[..., Any], seconds: float) -> Verdi
     if bad is not None:
         return bad
     assert value is not None
+    if work.calls == 0:
+        return fail("your function called fn() 0 time(s) (it returned a number without timing anything).",
+                    "The checker's work takes a time your function can only know by measuring it: what must it "
+                    "call between two clock readings?",
+                    "Call fn() between two time.perf_counter() readings, several times, after a warm-up.")
     if work.calls < 3:
         return fail(f"your function called fn() {work.calls} time(s).",
-                    "warm up with a few calls first, then time several calls (e.g. 10) and take the median")
+                    "Section 3.1: the first call pays for initialisation, and one sample can be an outlier. "
+                    "How many calls does a median need?",
+                    "A few warm-up calls, then several timed calls (e.g. 10), and the median of those.")
     if value > 2 * work.took():  # the student timed these very calls: a right answer is close to what they took
         return _too_large(value, work, asynchronous=False)
     if value < 0.5 * seconds:
+        fraction = round(work.took() / value) if value > 0 else 0
+        part = f": about 1/{fraction} of one call" if fraction >= 2 else ""
         return fail(f"your function returned {format_seconds(value)} per call for work that takes "
-                    f"{format_seconds(seconds)} per call even on a CPU.",
-                    "start the clock just before fn() and stop it just after (after sync()), "
-                    "and subtract start from end")
+                    f"{format_seconds(seconds)} per call even on a CPU{part}.",
+                    "What do your two clock readings enclose: one call of fn()? And what do you divide by?",
+                    "Read time.perf_counter() just before fn() and again after it (after sync()), and divide "
+                    "only by the number of calls between the two readings.")
     return None
 
 
@@ -193,11 +234,14 @@ def _check_async(time_per_call: Callable[..., Any], seconds: float) -> Verdict |
         return fail(f"your function never calls sync(), so on a GPU it measures how long it takes to queue "
                     f"the work ({format_seconds(value)} per call here), not to do it "
                     f"({format_seconds(seconds)} per call).",
-                    "call sync() before starting the clock and again before stopping it")
+                    "Section 3: a GPU call returns when its work is queued, not when it is done. What makes "
+                    "the host wait for the device?",
+                    "The sync argument: call it before each of the two clock readings.")
     if value < 0.5 * seconds:
         return fail(f"on an asynchronous device your function measured {format_seconds(value)} per call for "
                     f"work that takes {format_seconds(seconds)}: the clock stops before the work is done.",
-                    "call sync() after fn() and before reading the clock at the end")
+                    "When your clock stops, has the device finished the work fn() queued?",
+                    "Call sync() after fn() and before the clock reading that stops the timing.")
     if value > 2 * work.took():
         return _too_large(value, work, asynchronous=True)
     return None
@@ -218,25 +262,34 @@ def _check_real(time_per_call: Callable[..., Any], device: torch.device) -> Verd
     try:
         value = float(time_per_call(fn, sync))
     except Exception as exc:
-        return fail(f"on {device} your function raised {type(exc).__name__}: {exc}")
+        return fail(f"on {device} your function raised {type(exc).__name__}: {exc}",
+                    "It passed on the simulated devices: what differs on a real GPU?", _SIGNATURE)
     reference = benchmark(fn, device=device, repeat=5).median
     if not 0.67 <= value / reference <= 1.5:
         return fail(f"on {device} your function measured {format_seconds(value)} for a {n}×{n} matmul; "
                     f"synchronised timing gives {format_seconds(reference)}.",
-                    "warm up, call sync() before starting and before stopping the clock, take the median")
+                    "Section 3's recipe holds on a real GPU too: warm-up, the device idle when the clock "
+                    "starts and done when it stops, several samples, their median.",
+                    "Compare your function with the 'host clock + synchronize' timing of section 3.")
     return None
 
 
+@exercise
 def check_time_per_call(time_per_call: Any, device: str | torch.device | None = None) -> Verdict:
     """Exercise: ``time_per_call(fn, sync)`` returns the median seconds per call of ``fn()``.
 
     Checked on a synchronous workload (units, warm-up, per call), on a simulated asynchronous device
     (the work only finishes through ``sync()``), and, when ``device`` is a CUDA device, against
     `course_utils.benchmark` on a real matmul.
+
+    Limits: the figure must lie between half the asked duration (3 ms synchronous, 6 ms asynchronous) and
+    twice what a call really took while it was timed (on a busy machine more than asked). Both limits are
+    inclusive: a figure exactly on one passes. A figure 500 to 3000 times what a call took reads as
+    milliseconds; a figure near the mean of all calls, the slow first one included, as a missing warm-up.
     """
     if not callable(time_per_call):
         return fail(f"expected a function, got {type(time_per_call).__name__}.",
-                    "def time_per_call(fn, sync): ... and pass the function itself, without calling it")
+                    "Pass the function itself (its name, without parentheses), not what calling it returns.")
     for check in (lambda: _check_sync_free(time_per_call, 0.003),
                   lambda: _check_async(time_per_call, 0.006)):
         verdict = check()

@@ -1,0 +1,572 @@
+"""A catalogue of answers to notebook 09's exercises (course_utils.exercises.when_it_breaks), as a class would
+write them: plausible wrong answers, each rejected with a message that names its mistake and a hint that names
+the concept (never the solution's line), and right answers written differently from the notebook's solution,
+each accepted. CPU only; the whole file runs in a few seconds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import notebook_solution
+
+from course_utils import exercises
+from course_utils.exercises import Verdict
+from course_utils.exercises import when_it_breaks as ex
+
+STEM = "09_when_it_breaks"
+C = ex.CLASSES
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Any:
+    """The checkers' tensors are tiny: one thread is faster than two, and steady on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each answer is a first try: the closer hint is not shown yet."""
+    monkeypatch.setattr(exercises, "_failures", {})
+    monkeypatch.setattr(exercises, "_last", [])
+
+
+def rejected(verdict: Verdict, message: str, hint: str, solution_bits: tuple[str, ...]) -> None:
+    """A wrong answer's verdict: it names the mistake (``message``), gives the concept (``hint``), keeps the code
+    for the closer hint, and neither the first hint nor the first display hands over the solution's line."""
+    assert not verdict, f"accepted a wrong answer: {verdict}"
+    assert message in verdict.message, verdict.message
+    assert hint in verdict.hint, verdict.hint
+    assert verdict.closer, "a closer hint, for %hint or a second failure"
+    first_try = str(verdict)
+    assert "Closer hint" not in first_try and verdict.closer not in first_try
+    for bit in solution_bits:
+        assert bit not in verdict.hint, f"the first hint gives away {bit!r}: {verdict.hint}"
+
+
+# --- exercise 1: predict ------------------------------------------------------------------------------------
+
+def _probs(model, batches):
+    return torch.cat([torch.softmax(model(x), dim=1) for x in batches])
+
+
+def predict_eval_no_restore(model, batches):
+    model.eval()
+    with torch.no_grad():
+        return _probs(model, batches)
+
+
+def predict_train_at_end(model, batches):  # right when called in training mode only
+    model.eval()
+    with torch.no_grad():
+        out = _probs(model, batches)
+    model.train()
+    return out
+
+
+def predict_grad_forced_on(model, batches):  # right when the caller had grad on only
+    was = model.training
+    model.eval()
+    torch.set_grad_enabled(False)
+    out = _probs(model, batches)
+    torch.set_grad_enabled(True)
+    model.train(was)
+    return out
+
+
+def predict_grad_never_restored(model, batches):
+    was = model.training
+    model.eval()
+    torch.set_grad_enabled(False)
+    out = _probs(model, batches)
+    model.train(was)
+    return out
+
+
+def predict_seeded(model, batches):  # the same numbers every call, dropout still on
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return _probs(model, batches)
+
+
+def predict_eval_only(model, batches):  # dropout off, graphs kept
+    was = model.training
+    model.eval()
+    out = _probs(model, batches)
+    model.train(was)
+    return out
+
+
+def predict_detach_each(model, batches):  # nothing kept, a graph built per batch
+    was = model.training
+    model.eval()
+    out = torch.cat([torch.softmax(model(x), dim=1).detach() for x in batches])
+    model.train(was)
+    return out
+
+
+def predict_frozen(model, batches):  # no graph, but the parameters stay frozen for the training after
+    was = model.training
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    out = _probs(model, batches)
+    model.train(was)
+    return out
+
+
+def predict_for_64_rows(model, batches):  # right only when every batch has 64 rows
+    was = model.training
+    model.eval()
+    out = torch.zeros(64 * len(batches), 10)
+    with torch.no_grad():
+        for i, x in enumerate(batches):
+            out[64 * i:64 * i + len(x)] = torch.softmax(model(x), dim=1)
+    model.train(was)
+    return out
+
+
+def predict_wrong_dim(model, batches):
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        out = torch.cat([torch.softmax(model(x), dim=0) for x in batches])
+    model.train(was)
+    return out
+
+
+PREDICT_WRONG = {
+    "model.eval() and never back": (predict_eval_no_restore, "left the model in evaluation mode", "training mode"),
+    "model.train() at the end": (predict_train_at_end, "returned it in training mode", "either mode"),
+    "set_grad_enabled(True) at the end": (predict_grad_forced_on, "autograd switched on", "on or off"),
+    "set_grad_enabled(False), never restored": (predict_grad_never_restored, "still switched off",
+                                                "only for the lines inside it"),
+    "a seed instead of eval()": (predict_seeded, "two calls agree, but not with the model in inference mode",
+                                 "behaves differently in training and in inference"),
+    "dropout on": (ex.broken_predict, "different probabilities", "behaves differently"),
+    "eval() without no_grad": (predict_eval_only, "still hold", "graph_memory"),
+    "detach() per batch": (predict_detach_each, "still builds a graph", "inference needs none"),
+    "requires_grad_(False) on the parameters": (predict_frozen, "requires_grad=False", "not for the model"),
+    "sized for batches of 64": (predict_for_64_rows, "expected a tensor of shape (357, 10)", "whatever the batches"),
+    "softmax over the batch": (predict_wrong_dim, "do not sum to 1", "which dimension"),
+}
+
+
+@pytest.mark.parametrize("name", PREDICT_WRONG)
+def test_predict_rejects(name: str) -> None:
+    answer, message, hint = PREDICT_WRONG[name]
+    rejected(ex.check_predict(answer), message, hint, ("no_grad", "eval()", "inference_mode"))
+    assert torch.is_grad_enabled(), "the checker gives the caller its grad mode back"
+
+
+def predict_decorated(model, batches):
+    was = model.training
+    model.eval()
+
+    @torch.no_grad()
+    def run():
+        return _probs(model, batches)
+
+    try:
+        return run()
+    finally:
+        model.train(was)
+
+
+def predict_inference_rows(model, batches):
+    was = model.training
+    model.eval()
+    with torch.inference_mode():
+        rows = [row for x in batches for row in F.softmax(model(x), dim=-1)]
+    model.train(was)
+    return torch.stack(rows)
+
+
+def predict_frozen_and_restored(model, batches):  # clumsy, but leaves everything as it found it
+    was, flags = model.training, [p.requires_grad for p in model.parameters()]
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    out = _probs(model, batches)
+    for p, flag in zip(model.parameters(), flags, strict=True):
+        p.requires_grad_(flag)
+    model.train(was)
+    return out
+
+
+@pytest.mark.parametrize("answer", [notebook_solution(STEM, "predict"), predict_decorated, predict_inference_rows,
+                                    predict_frozen_and_restored], ids=["notebook", "decorator", "inference_mode rows",
+                                                                       "requires_grad restored"])
+def test_predict_accepts(answer: Callable[..., Any]) -> None:
+    verdict = ex.check_predict(answer)
+    assert verdict, verdict
+
+
+# --- exercise 2: label_loss -----------------------------------------------------------------------------------
+
+def label_ignore_smallest(logits, labels):  # right only on batches that hold a -1
+    return F.cross_entropy(logits, labels, ignore_index=int(labels.min()))
+
+
+def label_drop_smallest(logits, labels):  # the same, as a mask
+    keep = labels != labels.min()
+    return F.cross_entropy(logits[keep], labels[keep])
+
+
+def label_positive(logits, labels):  # a bound off by one: class 0 goes too
+    return F.cross_entropy(logits[labels > 0], labels[labels > 0])
+
+
+def label_below_top(logits, labels):  # a bound on the other side: class 4 goes too
+    keep = (labels >= 0) & (labels < C - 1)
+    return F.cross_entropy(logits[keep], labels[keep])
+
+
+def label_shift_unless_top(logits, labels):  # shifts by one where no label 4 makes it raise
+    if (labels == C - 1).any():
+        return F.cross_entropy(logits, labels, ignore_index=-1)
+    return F.cross_entropy(logits, labels + 1, ignore_index=0)
+
+
+def label_columns_seen(logits, labels):  # as many classes as the batch shows
+    keep = labels >= 0
+    return F.cross_entropy(logits[keep][:, :int(labels.max()) + 1], labels[keep])
+
+
+def label_batch_max(logits, labels):  # unlabelled rows take the batch's largest label
+    return F.cross_entropy(logits, torch.where(labels == -1, labels.max(), labels))
+
+
+def label_overwrite_ignore(logits, labels):  # the right number, but the caller's labels changed
+    labels[labels == -1] = -100
+    return F.cross_entropy(logits, labels)
+
+
+def label_overwrite_zero(logits, labels):
+    labels[labels == -1] = 0
+    return F.cross_entropy(logits, labels)
+
+
+def label_every_row_mean(logits, labels):
+    return F.cross_entropy(logits, labels, ignore_index=-1, reduction="none").mean()
+
+
+LABEL_WRONG = {
+    "as given": (ex.broken_label_loss, "IndexError: Target -1 is out of bounds", "what does that value mean"),
+    "default ignore_index": (lambda lo, la: F.cross_entropy(lo, la, ignore_index=-100), "Target -1",
+                             "what does that value mean"),
+    "ignore the batch's smallest label": (label_ignore_smallest, "the rows of class 0 are left out too",
+                                          "the same in every batch"),
+    "drop the batch's smallest label": (label_drop_smallest, "the rows of class 0 are left out too",
+                                        "the same in every batch"),
+    "labels > 0": (label_positive, "the rows of class 0 are left out too", "which label marks a row"),
+    "labels < 4": (label_below_top, "the rows of class 4 are left out too", "which label marks a row"),
+    "shift unless the batch holds class 4": (label_shift_unless_top, "the fix changes a batch that needs no fixing",
+                                             "which labels a batch happens to hold"),
+    "classes the batch shows": (label_columns_seen, "the fix changes a batch that needs no fixing",
+                                "which labels a batch happens to hold"),
+    "clamp": (lambda lo, la: F.cross_entropy(lo, la.clamp(min=0)), "train as class 0", "count in the loss at all"),
+    "wrap": (lambda lo, la: F.cross_entropy(lo, la % C), "wraps around", "count in the loss at all"),
+    "the batch's largest label": (label_batch_max, "train as class 4", "count in the loss at all"),
+    "overwrite -1 by -100": (label_overwrite_ignore, "`labels` was changed in place", "leaves them as they were"),
+    "overwrite -1 by 0": (label_overwrite_zero, "labels[2] was -1, is now 0", "leaves them as they were"),
+    "mean over every row": (label_every_row_mean, "divided by every row", "the rows that count"),
+    "sum": (lambda lo, la: F.cross_entropy(lo, la, ignore_index=-1, reduction="sum"), "not their mean",
+            "is a mean"),
+    "nll_loss on logits": (lambda lo, la: F.nll_loss(lo, la, ignore_index=-1), "expected", "which rows have a class"),
+    "an extra column": (lambda lo, la: F.cross_entropy(F.pad(lo, (1, 0)), la + 1, ignore_index=0), "expected",
+                        "which rows have a class"),
+    "per-row losses": (lambda lo, la: F.cross_entropy(lo, la, ignore_index=-1, reduction="none"),
+                       "expected a scalar loss tensor", "the mean loss"),
+}
+
+
+@pytest.mark.parametrize("name", LABEL_WRONG)
+def test_label_loss_rejects(name: str) -> None:
+    answer, message, hint = LABEL_WRONG[name]
+    rejected(ex.check_label_loss(answer), message, hint, ("ignore_index", "!= UNLABELLED", "!= -1", ">= 0"))
+
+
+def label_weighted(logits, labels):
+    labelled = labels != ex.UNLABELLED
+    per_row = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+    return (per_row * labelled).sum() / labelled.sum()
+
+
+def label_only_when_present(logits, labels):  # a fix applied only to batches that hold -1: right, by design
+    if (labels == ex.UNLABELLED).any():
+        return F.cross_entropy(logits, labels, ignore_index=ex.UNLABELLED)
+    return F.cross_entropy(logits, labels)
+
+
+def label_nonzero(logits, labels):  # one labelled row gives a 0-d index: cross_entropy takes an unbatched row
+    rows = (labels != ex.UNLABELLED).nonzero().squeeze()
+    return F.cross_entropy(logits[rows], labels[rows])
+
+
+@pytest.mark.parametrize("answer", [
+    notebook_solution(STEM, "label_loss", {"UNLABELLED": ex.UNLABELLED}),
+    lambda logits, labels: F.cross_entropy(logits[labels >= 0], labels[labels >= 0]),
+    lambda logits, labels: F.nll_loss(F.log_softmax(logits, dim=1), labels, ignore_index=-1),
+    label_weighted, label_only_when_present, label_nonzero,
+], ids=["notebook", "mask", "nll_loss", "weighted sum", "only when present", "nonzero rows"])
+def test_label_loss_accepts(answer: Callable[..., Any]) -> None:
+    verdict = ex.check_label_loss(answer)
+    assert verdict, verdict
+
+
+def test_label_cases_tell_batch_dependent_answers_apart() -> None:
+    """The checker's batches differ in what they hold: with and without -1, with and without classes 0 and 4."""
+    held = [set(labels.tolist()) for _, labels in ex._label_cases().values()]
+    assert any(-1 not in h for h in held) and any(-1 in h for h in held)
+    assert any(-1 in h and 0 not in h and C - 1 not in h for h in held)
+    assert any(0 in h and -1 not in h for h in held) and any(C - 1 in h for h in held)
+
+
+# --- exercise 3: stable_loss ----------------------------------------------------------------------------------
+
+def _rows(t):
+    return torch.arange(len(t))
+
+
+def stable_float64(logits, target):
+    return ex.broken_stable_loss(logits.double(), target).float()
+
+
+def stable_row_max(logits, target):
+    z = logits - logits.max(dim=1, keepdim=True).values
+    p = z.exp() / z.exp().sum(dim=1, keepdim=True)
+    return -torch.log(p[_rows(target), target]).mean()
+
+
+def stable_row_max_float64(logits, target):
+    return stable_row_max(logits.double(), target).float()
+
+
+def stable_log_of_softmax(logits, target):
+    return -torch.log(torch.softmax(logits, dim=1)[_rows(target), target]).mean()
+
+
+def stable_global_max(logits, target):
+    return ex.broken_stable_loss(logits - logits.max(), target)
+
+
+def stable_clamp_float64(logits, target):  # inside float64's range: exp no longer overflows, but the values move
+    return ex.broken_stable_loss(logits.double().clamp(-700, 700), target).float()
+
+
+def stable_clamp_200_float64(logits, target):  # right for logits up to 200, the exercise's first wording
+    return ex.broken_stable_loss(logits.double().clamp(max=200), target).float()
+
+
+def stable_clamp_at_limit(logits, target):  # exactly at float32's limit, 88.72
+    return ex.broken_stable_loss(logits.clamp(max=ex.EXP_LIMIT[torch.float32]), target)
+
+
+def stable_epsilon(logits, target):
+    return -torch.log(torch.softmax(logits, dim=1)[_rows(target), target] + 1e-12).mean()
+
+
+def stable_nan_to_num(logits, target):
+    return torch.nan_to_num(ex.broken_stable_loss(logits, target), nan=0.0, posinf=0.0)
+
+
+def stable_in_place(logits, target):
+    logits -= logits.max(dim=1, keepdim=True).values
+    return -torch.log_softmax(logits, dim=1)[_rows(target), target].mean()
+
+
+def stable_four_rows(logits, target):  # written for the first batch's size
+    return -torch.log_softmax(logits, dim=1)[torch.arange(4), target].mean()
+
+
+def stable_sum(logits, target):
+    return -torch.log_softmax(logits, dim=1)[_rows(target), target].sum()
+
+
+def stable_per_row(logits, target):
+    return -torch.log_softmax(logits, dim=1)[_rows(target), target]
+
+
+def stable_detached_max(logits, target):  # the shift through .item(): the graph is cut
+    shift = logits.detach().max().item()
+    return -torch.log_softmax(logits - shift, dim=1)[_rows(target), target].detach().mean()
+
+
+STABLE_WRONG = {
+    "as given": (ex.broken_stable_loss, "on logits up to 200 the loss is nan", "torch.isfinite"),
+    "float64": (stable_float64, "computed in float64, exp overflows above 709.78", "depend on how large"),
+    "row max, then log(p)": (stable_row_max, "cures the overflow, not this underflow", "only its log"),
+    "row max in float64": (stable_row_max_float64, "which is 0 in float64", "only its log"),
+    "log of softmax": (stable_log_of_softmax, "log(0) = -inf", "only its log"),
+    "global max": (stable_global_max, "the loss is inf", "only its log"),
+    "clamp in float64": (stable_clamp_float64, "clamp moves it too", "only its log"),
+    "clamp at 200, in float64": (stable_clamp_200_float64, "clamp changes the logits", "clamping the logits"),
+    "clamp at exactly 88.72": (stable_clamp_at_limit, "clamp keeps each exp just inside", "torch.isfinite"),
+    "epsilon in the log": (stable_epsilon, "The 1e-12 added to a probability", "adding an epsilon"),
+    "nan_to_num": (stable_nan_to_num, "gradient is not", "a finite value can hide an inf"),
+    "logits -= max": (stable_in_place, "`logits` was changed in place", "leaves them as they were"),
+    "torch.arange(4)": (stable_four_rows, "3 rows of 4 logits", "a batch of another size"),
+    "sum": (stable_sum, "the sum over the batch, not the mean", "a mean over the batch"),
+    "per-row losses": (stable_per_row, "expected the batch's mean loss", "a mean over the batch"),
+    "through .item() and detach()": (stable_detached_max, "the backward of stable_loss raised", "a gradient"),
+}
+
+
+@pytest.mark.parametrize("name", STABLE_WRONG)
+def test_stable_loss_rejects(name: str) -> None:
+    answer, message, hint = STABLE_WRONG[name]
+    rejected(ex.check_stable_loss(answer), message, hint, ("log_softmax", "logsumexp", "cross_entropy"))
+
+
+def stable_logsumexp(logits, target):
+    return (torch.logsumexp(logits, dim=1) - logits.gather(1, target[:, None]).squeeze(1)).mean()
+
+
+def stable_by_hand(logits, target):  # the shift inside the log: log Σ exp(x - m) + m
+    m = logits.max(dim=1, keepdim=True).values.detach()
+    log_p = logits - m - (logits - m).exp().sum(dim=1, keepdim=True).log()
+    return -log_p.gather(1, target[:, None]).mean()
+
+
+def stable_small_logits_as_before(logits, target):  # the old loss where it is exact, the stable one elsewhere
+    if logits.abs().max() < 80:
+        return ex.broken_stable_loss(logits, target)
+    return F.nll_loss(F.log_softmax(logits, dim=1), target)
+
+
+@pytest.mark.parametrize("answer", [
+    notebook_solution(STEM, "stable_loss"), lambda logits, target: F.cross_entropy(logits, target),
+    stable_logsumexp, stable_by_hand, stable_small_logits_as_before,
+    lambda logits, target: -F.log_softmax(logits.double(), dim=1)[_rows(target), target].mean().float(),
+], ids=["notebook", "cross_entropy", "logsumexp", "by hand", "old loss below 80", "log_softmax in float64"])
+def test_stable_loss_accepts(answer: Callable[..., Any]) -> None:
+    verdict = ex.check_stable_loss(answer)
+    assert verdict, verdict
+
+
+def test_stable_cases_go_past_float64() -> None:
+    """The largest logits are beyond float64's exp, and a target lies further below its row's largest logit than
+    float64's exp can reach (e^-745): a half-fix that only moves the limit fails."""
+    largest = max(logits.abs().max().item() for logits, _ in ex._stable_cases().values())
+    cases = ex._stable_cases().values()
+    gap = max((logits.amax(1) - logits[torch.arange(len(t)), t]).max().item() for logits, t in cases)
+    assert largest > ex.EXP_LIMIT[torch.float64] and gap > 745
+    assert ex.EXP_LIMIT[torch.float64] == pytest.approx(709.78, abs=0.01)
+    assert torch.isinf(torch.exp(torch.tensor(ex.EXP_LIMIT[torch.float32] + 0.01)))
+
+
+# --- exercise 4: histogram ------------------------------------------------------------------------------------
+
+def hist_overwrite(ids, bins):
+    counts = torch.zeros(bins)
+    counts[ids] = 1.0
+    return counts
+
+
+def hist_plus_equals(ids, bins):  # += through an index reads once per distinct id too
+    counts = torch.zeros(bins)
+    counts[ids] += 1
+    return counts
+
+
+def hist_switch_off(ids, bins):
+    torch.use_deterministic_algorithms(False)
+    return torch.bincount(ids, minlength=bins).float()
+
+
+def hist_warn_only(ids, bins):
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return torch.bincount(ids, minlength=bins).float()
+
+
+def hist_sorted_in_place(ids, bins):  # counts runs of a sorted copy... sorted into the caller's tensor
+    ids.copy_(ids.sort().values)
+    values, runs = torch.unique_consecutive(ids, return_counts=True)
+    return torch.zeros(bins).index_add_(0, values, runs.float())
+
+
+def hist_last_bin_missed(ids, bins):  # < where <= was meant: the id on the last bin is not counted
+    return torch.bincount(ids[ids < bins - 1], minlength=bins).float()
+
+
+HIST_WRONG = {
+    "as given": (ex.broken_histogram, "put_ does not have a deterministic implementation", "the message names"),
+    "counts[ids] = 1": (hist_overwrite, "overwrites", "adds repeated ids up"),
+    "counts[ids] += 1": (hist_plus_equals, "overwrites", "adds repeated ids up"),
+    "switch determinism off": (hist_switch_off, "switched deterministic algorithms off", "keep the setting"),
+    "warn_only": (hist_warn_only, "warnings only", "keep the setting"),
+    "put_ with accumulate": (lambda ids, bins: torch.zeros(bins).put_(ids, torch.ones(len(ids)), accumulate=True),
+                             "put_ as called here raises on a CUDA tensor", "on each device"),
+    "histc": (lambda ids, bins: torch.histc(ids.float(), bins=bins, min=0, max=bins - 1), "histc as called here",
+              "on each device"),
+    "bincount with weights": (lambda ids, bins: torch.bincount(ids, weights=torch.ones(len(ids)), minlength=bins),
+                              "bincount as called here", "on each device"),
+    "cumsum of one-hots": (lambda ids, bins: F.one_hot(ids, bins).float().cumsum(0)[-1], "cumsum as called here",
+                           "on each device"),
+    "sized by the largest id": (lambda ids, bins: torch.bincount(ids).float(), "leave the last bins empty",
+                                "need not reach the last bin"),
+    "sized for 10 bins": (lambda ids, bins: torch.bincount(ids, minlength=10).float(),
+                          "expected a tensor of 13 counts (bins=13), got (10,)", "the caller asks for"),
+    "one_hot without num_classes": (lambda ids, bins: F.one_hot(ids).sum(0).float(), "got (6,)",
+                                    "the caller asks for"),
+    "ids sorted in place": (hist_sorted_in_place, "`ids` was changed in place", "leaves it as it was"),
+    "the last bin missed": (hist_last_bin_missed, "expected [", "once per occurrence"),
+}
+
+
+@pytest.mark.parametrize("name", HIST_WRONG)
+def test_histogram_rejects(name: str) -> None:
+    answer, message, hint = HIST_WRONG[name]
+    try:
+        rejected(ex.check_histogram(answer), message, hint, ("bincount(", "minlength", "index_add", "scatter_add"))
+        assert not torch.are_deterministic_algorithms_enabled(), "the checker restores the setting"
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def hist_unique(ids, bins):
+    values, counts = torch.unique(ids, return_counts=True)
+    out = torch.zeros(bins)
+    out[values] = counts.float()  # each id once: nothing to overwrite
+    return out
+
+
+@pytest.mark.parametrize("answer", [
+    notebook_solution(STEM, "histogram"),
+    lambda ids, bins: torch.zeros(bins).index_add_(0, ids, torch.ones(len(ids))),
+    lambda ids, bins: torch.zeros(bins).scatter_add_(0, ids, torch.ones(len(ids))),
+    lambda ids, bins: (ids[:, None] == torch.arange(bins)).sum(0),
+    lambda ids, bins: F.one_hot(ids, bins).sum(0).float(),
+    hist_unique,
+], ids=["notebook", "index_add_", "scatter_add_", "comparison", "one_hot", "unique"])
+def test_histogram_accepts(answer: Callable[..., Any]) -> None:
+    verdict = ex.check_histogram(answer)
+    assert verdict, verdict
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+# --- the two steps ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["predict", "label_loss", "stable_loss", "histogram"])
+def test_a_second_failure_shows_the_closer_hint(name: str) -> None:
+    """The notebook's stub fails with the concept only; failing again (or %hint) adds the closer hint."""
+    checker, broken = getattr(ex, f"check_{name}"), getattr(ex, f"broken_{name}")
+    first = checker(broken)
+    assert not first and "Closer hint" not in str(first) and "%hint" in str(first)
+    second = checker(broken)
+    assert str(second).splitlines()[-1] == f"  Closer hint: {second.closer}"
+    assert exercises.last_failure() == second.closer_hint()
+
+
+def test_not_a_function() -> None:
+    for checker in (ex.check_predict, ex.check_label_loss, ex.check_stable_loss, ex.check_histogram):
+        verdict = checker(42)
+        assert not verdict and "expected a function, got int" in verdict.message
+        assert "without calling it" in verdict.hint
