@@ -39,9 +39,9 @@ $(VENV)/.browser-installed: tests/requirements-browser.txt tests/constraints.txt
 
 venv-test: $(VENV)/.test-installed
 
-## JupyterLab on the course, in .venv (on a server: LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888")
+## JupyterLab on the course, in .venv (on a server: LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888"; ZH=1: the Chinese edition)
 lab: $(VENV)/.lab-installed
-	cd notebooks && ../$(BIN)/jupyter lab 00_setup.ipynb $(LAB_ARGS)
+	cd notebooks && ../$(BIN)/jupyter lab $(if $(ZH),zh/)00_setup.ipynb $(LAB_ARGS)
 
 # Stored outputs come from a CPU run, so the tests hide any GPU (a GPU host validates with gpu-check).
 CPU_ONLY := CUDA_VISIBLE_DEVICES= COURSE_DEVICE=cpu

@@ -209,3 +209,24 @@ def test_no_orphan_recordings():
     used = {name for path in NOTEBOOKS for _, name, _, _ in gpu_cells(load(path))}
     shipped = {p.stem for p in (ROOT / "course_utils" / "recorded").glob("*.json")}
     assert not shipped - used, f"recordings no cell uses: {sorted(shipped - used)}"
+
+
+def test_links_between_notebooks_also_open_on_colab():
+    """On Colab one notebook is opened from GitHub, with no folder around it: a relative link to the next lesson
+    (or, from the Chinese edition, to the English notebook) resolves nowhere, so each comes with its Colab link."""
+    from project import repository_url
+
+    colab = f"https://colab.research.google.com/github/{repository_url().removeprefix('https://github.com/')}/blob/main/"
+    for path in NOTEBOOKS:
+        nxt = _joined(load(path)["cells"][-1]["source"])
+        for target in re.findall(r"\]\((\d\d_[\w]+\.ipynb)\)", nxt)[:1]:
+            assert f"({colab}notebooks/{target})" in nxt, f"{path.name}: the Next line needs the Colab link"
+        zh = ROOT / "notebooks" / "zh" / path.name
+        if zh.is_file():
+            cells = load(zh)["cells"]
+            assert f"[English](../{path.name})（[在 Colab 中打开]({colab}notebooks/{path.name})）" in \
+                _joined(cells[0]["source"]), f"zh/{path.name}: the English link needs its Colab link"
+            for target in re.findall(r"\]\((\d\d_[\w]+\.ipynb)\)", _joined(cells[-1]["source"]))[:1]:
+                assert f"({colab}notebooks/zh/{target})" in _joined(cells[-1]["source"])
+    readme = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+    assert f"({colab}notebooks/zh/00_setup.ipynb)" in readme and "labpath=notebooks%2Fzh%2F00_setup.ipynb" in readme

@@ -95,8 +95,14 @@ def notebook_heading(path: Path) -> str:
     return path.stem
 
 
-def next_source(name: str) -> str:
-    """The closing "Next:" line of a notebook: the following lesson, or the way back to the course map."""
+def colab_url(url: str, path: str) -> str:
+    """The Colab address of ``path`` (e.g. ``notebooks/02_moving_data.ipynb``) in the repository at ``url``."""
+    return f"https://colab.research.google.com/github/{url.removeprefix('https://github.com/')}/blob/{BRANCH}/{path}"
+
+
+def next_source(name: str, url: str) -> str:
+    """The closing "Next:" line of a notebook: the following lesson (also as a Colab link: on Colab, where one
+    notebook is opened from GitHub, a relative link has no folder to resolve in), or the way back to the map."""
     pages = lessons_and_appendices()
     stems = [stem for stem, _, _ in pages]
     stem = name.removesuffix(".ipynb")
@@ -104,11 +110,14 @@ def next_source(name: str) -> str:
     lessons = len(CURRICULUM)
     if i + 1 < lessons:
         _, title, teaches = pages[i + 1]
-        return f"**Next:** [{title}]({stems[i + 1]}.ipynb): {teaches}."
+        colab = colab_url(url, f"notebooks/{stems[i + 1]}.ipynb")
+        return f"**Next:** [{title}]({stems[i + 1]}.ipynb) ([on Colab]({colab})): {teaches}."
     if i + 1 == lessons and len(pages) > lessons:
-        appendices = ", ".join(f"[{title}]({s}.ipynb)" for s, title, _ in pages[lessons:])
+        appendices = ", ".join(f"[{title}]({s}.ipynb) ([on Colab]({colab_url(url, f'notebooks/{s}.ipynb')}))"
+                               for s, title, _ in pages[lessons:])
         return f"**Next:** that was the last lesson. Appendices: {appendices}. The course map is in README.md."
-    return "**Next:** back to the course map in README.md, or to the lessons from [00 · Setup](00_setup.ipynb)."
+    return ("**Next:** back to the course map in README.md, or to the lessons from [00 · Setup](00_setup.ipynb) "
+            f"([on Colab]({colab_url(url, 'notebooks/00_setup.ipynb')})).")
 
 
 def sync(nb: dict, name: str, url: str) -> dict:
@@ -117,7 +126,7 @@ def sync(nb: dict, name: str, url: str) -> dict:
         if cell["cell_type"] == "code" and _tagged(cell, "solution"):
             hide_solution(cell)
     nxt = {"cell_type": "markdown", "id": "course-next", "metadata": {"tags": ["course-next"]},
-           "source": _lines(next_source(name))}
+           "source": _lines(next_source(name, url))}
     if cells and _tagged(cells[-1], "course-next"):
         cells[-1]["source"] = nxt["source"]
     else:

@@ -38,6 +38,7 @@ import polib
 from project import CURRICULUM, ROOT, repository_url
 from sync_notebooks import (
     BRANCH,
+    colab_url,
     dump,
     lessons_and_appendices,
     readme_notebook_map,
@@ -337,13 +338,17 @@ def glossary_avoided(po: polib.POFile, rows: list[tuple[str, str, tuple[str, ...
 
 # --- the Chinese notebooks and README ------------------------------------------------------------------
 
-def zh_badges(url: str, name: str) -> str:
+def zh_badges(url: str, name: str, english: bool = True) -> str:
+    """A Chinese notebook's badges (or, ``english=False``, README.zh-CN.md's, for notebooks/zh/00_setup.ipynb),
+    and the link to the English notebook, also on Colab (where a relative link does not resolve)."""
     slug = url.removeprefix("https://github.com/")
-    colab = f"https://colab.research.google.com/github/{slug}/blob/{BRANCH}/notebooks/zh/{name}"
+    colab = colab_url(url, f"notebooks/zh/{name}")
     binder = f"https://mybinder.org/v2/gh/{slug}/{BRANCH}?labpath=notebooks%2Fzh%2F{name}"
-    return (f"[![在 Colab 中打开](https://colab.research.google.com/assets/colab-badge.svg)]({colab}) "
-            f"[![Binder](https://mybinder.org/badge_logo.svg)]({binder}) "
-            f"[English](../{name})")
+    badges = (f"[![在 Colab 中打开](https://colab.research.google.com/assets/colab-badge.svg)]({colab}) "
+              f"[![Binder](https://mybinder.org/badge_logo.svg)]({binder})")
+    if not english:
+        return badges
+    return f"{badges} [English](../{name})（[在 Colab 中打开]({colab_url(url, f'notebooks/{name}')})）"
 
 
 def zh_setup(url: str) -> str:
@@ -354,7 +359,7 @@ def zh_setup(url: str) -> str:
             '    os.chdir("..")  # the Chinese notebooks use the English ones\' data/ folder')
 
 
-def zh_next(name: str, course: dict[str, str]) -> str:
+def zh_next(name: str, course: dict[str, str], url: str) -> str:
     """The Chinese "Next:" cell, from the same curriculum as the English one."""
     pages = lessons_and_appendices()
     stems = [stem for stem, _, _ in pages]
@@ -369,11 +374,15 @@ def zh_next(name: str, course: dict[str, str]) -> str:
 
     if i + 1 < lessons:
         teaches = pages[i + 1][2]
-        return f"**下一课：** [{title(i + 1)}]({stems[i + 1]}.ipynb)：{course.get(teaches, teaches)}。"
+        colab = colab_url(url, f"notebooks/zh/{stems[i + 1]}.ipynb")
+        return (f"**下一课：** [{title(i + 1)}]({stems[i + 1]}.ipynb)（[在 Colab 中打开]({colab})）："
+                f"{course.get(teaches, teaches)}。")
     if i + 1 == lessons and len(pages) > lessons:
-        appendices = "，".join(f"[{title(k)}]({stems[k]}.ipynb)" for k in range(lessons, len(pages)))
+        appendices = "，".join(f"[{title(k)}]({stems[k]}.ipynb)（[在 Colab 中打开]"
+                              f"({colab_url(url, f'notebooks/zh/{stems[k]}.ipynb')})）" for k in range(lessons, len(pages)))
         return f"**下一步：** 这是最后一课。附录：{appendices}。课程目录见 README.zh-CN.md。"
-    return f"**下一步：** 回到 README.zh-CN.md 中的课程目录，或从 [{title(0)}]({stems[0]}.ipynb) 开始学习。"
+    return (f"**下一步：** 回到 README.zh-CN.md 中的课程目录，或从 [{title(0)}]({stems[0]}.ipynb)"
+            f"（[在 Colab 中打开]({colab_url(url, f'notebooks/zh/{stems[0]}.ipynb')})）开始学习。")
 
 
 def _relink(text: str) -> str:
@@ -396,7 +405,7 @@ def zh_notebook(nb: dict, name: str, done: dict[str, str], course: dict[str, str
             if "course-badges" in tags:
                 text = zh_badges(url, name)
             elif "course-next" in tags:
-                text = zh_next(name, course)
+                text = zh_next(name, course, url)
             else:
                 parts = split_blocks(_source(cell))
                 text = _join([Block(_relink(done[p.text]), True) if isinstance(p, Block) and p.text in done
@@ -434,7 +443,9 @@ def build() -> dict[Path, str]:
         out[po_path] = po.__unicode__()
         out[ZH_NOTEBOOKS / path.name] = dump(zh_notebook(nb, path.name, translations(po), course, url))
     if ZH_README.is_file():
-        out[ZH_README] = replace_block(ZH_README.read_text(encoding="utf-8"), "notebooks", zh_readme_map(course),
+        readme = replace_block(ZH_README.read_text(encoding="utf-8"), "notebooks", zh_readme_map(course),
+                               ZH_README.name)
+        out[ZH_README] = replace_block(readme, "badges", zh_badges(url, "00_setup.ipynb", english=False),
                                        ZH_README.name)
     return out
 
