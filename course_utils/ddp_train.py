@@ -32,6 +32,7 @@ import io
 import os
 import re
 import sys
+import time
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
@@ -202,6 +203,47 @@ def _init_process_group(backend: str, rank: int, world: int, attempt: int, **kwa
                             rank=rank, world_size=world, **kwargs)
 
 
+def _train_steps(args: argparse.Namespace, step: int, batches: Any, steps_per_epoch: int, sampler: Any, loader: Any,
+                 ddp: nn.Module, model: nn.Module, opt: torch.optim.Optimizer, rank: int, world: int, attempt: int,
+                 device: torch.device, log: Any) -> int:
+    """The training loop from ``step`` to ``args.steps``; returns the step reached."""
+    while step < args.steps:
+        epoch, batch = divmod(step, steps_per_epoch)
+        if batches is None or batch == 0:
+            sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            batches = islice(iter(loader), batch, None)  # resume mid-epoch at the right batch
+        x, y = next(batches)
+        if args.fail_at_step == step and rank == 1 and attempt == 0:
+            print(f"[rank 1] simulated crash at step {step} (attempt {attempt})", file=sys.stderr, flush=True)
+            os._exit(1)
+        x, y = x.to(device), y.to(device)
+        loss = nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # DDP averages the gradients over the ranks here
+        opt.step()
+        step += 1
+        if step % args.snapshot_every == 0 or step == args.steps:
+            rngs: list[Any] = [None] * world
+            dist.all_gather_object(rngs, _rng_state(device))
+            if rank == 0:
+                save_snapshot(args.checkpoint_dir, step, {
+                    "step": step, "world_size": world, "model": model.state_dict(),
+                    "optimizer": opt.state_dict(), "rng": rngs})
+            dist.barrier()  # nobody runs ahead of a snapshot that is still being written
+            log(f"step {step:3d}/{args.steps}  loss {loss.item():.2f}  snapshot saved")
+    return step
+
+
+def _wait_for_torchrun(exc: BaseException) -> None:
+    """A collective failed because another rank died (gloo: "Connection closed by peer"). Under torchrun, let
+    torchrun see that rank's failure first and stop this one (SIGTERM), rather than dying here in the same
+    instant: torchrun names the first failure it observes, and on a busy machine it could then name this rank."""
+    message = str(exc)
+    if os.environ.get("TORCHELASTIC_RUN_ID") and any(
+            words in message for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")):
+        time.sleep(30)  # torchrun checks its workers every 0.1 s; its SIGTERM ends this sleep
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     args = _parse(argv)
     # Deterministic cuBLAS needs this before the first CUDA call (it does nothing on the CPU).
@@ -268,30 +310,12 @@ def main(argv: Iterable[str] | None = None) -> int:
         log("no snapshot found: starting from step 0")
 
     step, batches = start, None
-    while step < args.steps:
-        epoch, batch = divmod(step, steps_per_epoch)
-        if batches is None or batch == 0:
-            sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-            batches = islice(iter(loader), batch, None)  # resume mid-epoch at the right batch
-        x, y = next(batches)
-        if args.fail_at_step == step and rank == 1 and attempt == 0:
-            print(f"[rank 1] simulated crash at step {step} (attempt {attempt})", file=sys.stderr, flush=True)
-            os._exit(1)
-        x, y = x.to(device), y.to(device)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients over the ranks here
-        opt.step()
-        step += 1
-        if step % args.snapshot_every == 0 or step == args.steps:
-            rngs: list[Any] = [None] * world
-            dist.all_gather_object(rngs, _rng_state(device))
-            if rank == 0:
-                save_snapshot(args.checkpoint_dir, step, {
-                    "step": step, "world_size": world, "model": model.state_dict(),
-                    "optimizer": opt.state_dict(), "rng": rngs})
-            dist.barrier()  # nobody runs ahead of a snapshot that is still being written
-            log(f"step {step:3d}/{args.steps}  loss {loss.item():.2f}  snapshot saved")
+    try:
+        step = _train_steps(args, step, batches, steps_per_epoch, sampler, loader, ddp, model, opt, rank, world,
+                            attempt, device, log)
+    except RuntimeError as exc:  # gloo's DistBackendError among them
+        _wait_for_torchrun(exc)
+        raise
 
     if rank == 0:
         print(f"{HASH_PREFIX} {weights_sha256(model)}", flush=True)
