@@ -229,8 +229,8 @@ def _why_not_here(gpus: int, have: int, name: str = "", slow: str = "") -> str:
         return (f"this cell {slow.rstrip('.')}, so it runs only when asked: run `%env {SLOW_ENV}=1` "
                 "in this notebook, then this cell again")
     if gpus == 1:
-        return "this machine has no CUDA GPU"
-    return f"this cell needs {gpus} CUDA GPUs and this machine has {have or 'none'}"
+        return "this notebook ran without a CUDA GPU"
+    return f"this cell needs {gpus} CUDA GPUs; this notebook ran with {have or 'none'}"
 
 
 def _banner(text: str, colour: str) -> None:

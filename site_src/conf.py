@@ -38,7 +38,10 @@ suppress_warnings = ["misc.highlighting_failure"]
 
 html_theme = "sphinx_book_theme"
 html_title = "GPU Usage in PyTorch"  # replaced by the edition's README title (course_site)
-html_copy_source = False  # the launch buttons and the repository link lead to the notebooks
+# The theme's download button (.ipynb) links _sources/<page>.ipynb: copy each notebook there as it is (its
+# stored outputs included), without Sphinx's default ".txt" suffix; no "show source" link besides it.
+html_copy_source = True
+html_sourcelink_suffix = ""
 html_show_sourcelink = False
 # Search results without a text excerpt: the excerpt is fetched from the page, which a browser refuses for a
 # site opened from disk (file://). A result opens its page at the first match (course_site.py).

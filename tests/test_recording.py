@@ -38,7 +38,7 @@ def test_missing_recording_is_a_note_not_an_error(shell, monkeypatch):
     fake_gpus(monkeypatch, 0)
     result, cap, texts = run(shell, "%%gpu 99-missing\nraise SystemExit('must not run')")
     assert result.success
-    assert texts == ["Not run: this machine has no CUDA GPU. On a machine with an NVIDIA GPU (on Colab: a GPU "
+    assert texts == ["Not run: this notebook ran without a CUDA GPU. On a machine with an NVIDIA GPU (on Colab: a GPU "
                      "runtime) it runs the code above. No output of this cell (99-missing) from such a machine "
                      "comes with the course yet."]
 
@@ -48,7 +48,7 @@ def test_missing_recording_says_what_the_cell_shows_and_where_it_runs(shell, mon
     result, _, texts = run(shell, '%%gpu 99-two --gpus 2 --shows "which physical GPU each logical id is"\n'
                                   "raise SystemExit('must not run')")
     assert result.success
-    assert texts == ["Not run: this cell needs 2 CUDA GPUs and this machine has 1. On a machine with 2 NVIDIA "
+    assert texts == ["Not run: this cell needs 2 CUDA GPUs; this notebook ran with 1. On a machine with 2 NVIDIA "
                      "GPUs (a lab or cloud server; Colab gives one) it shows which physical GPU each logical id "
                      "is. No output of this cell (99-two) from such a machine comes with the course yet."]
     assert not any(word in texts[0] for word in ("make", "maintainer", "course_utils/recorded"))
@@ -74,7 +74,7 @@ def test_corrupt_recording_is_a_note(shell, monkeypatch, tmp_path, content):
     (tmp_path / "99-bad.json").write_text(content)
     result, _, texts = run(shell, "%%gpu 99-bad\nprint('x')")
     assert result.success
-    assert texts[0].startswith("Not run: this machine has no CUDA GPU.") and "99-bad" in texts[0]
+    assert texts[0].startswith("Not run: this notebook ran without a CUDA GPU.") and "99-bad" in texts[0]
 
 
 def test_record_then_replay(shell, monkeypatch, tmp_path):
@@ -100,7 +100,7 @@ def test_record_then_replay(shell, monkeypatch, tmp_path):
     monkeypatch.delenv("COURSE_RECORD")
     result, cap, texts = run(shell, "%%gpu 99-demo\nraise SystemExit('must not run')")
     assert result.success
-    assert texts[0].startswith("Recorded output (this machine has no CUDA GPU), recorded on ")
+    assert texts[0].startswith("Recorded output (this notebook ran without a CUDA GPU), recorded on ")
     assert rec.recording_label(meta) in texts[0]
     assert cap.stdout == "hello from the GPU\n"
     assert texts[1] == "42" and texts[2].startswith("<Figure size")
@@ -131,7 +131,7 @@ def test_runs_for_real_with_enough_gpus(shell, monkeypatch, tmp_path):
 def test_needs_more_gpus_than_present(shell, monkeypatch):
     fake_gpus(monkeypatch, 1)
     _, _, texts = run(shell, "%%gpu 99-multi --gpus 4\nprint('x')")
-    assert "this cell needs 4 CUDA GPUs and this machine has 1" in texts[0]
+    assert "this cell needs 4 CUDA GPUs; this notebook ran with 1" in texts[0]
 
 
 @pytest.mark.parametrize("line", ["%%gpu", "%%gpu Bad Name", "%%gpu a --gpus", "%%gpu a --gpus two",
@@ -213,7 +213,7 @@ def test_a_slow_cell_shows_its_recording_on_a_gpu_until_asked(shell, monkeypatch
                                "run `%env COURSE_SLOW_CELLS=1` in this notebook, then this cell again)")
     fake_gpus(monkeypatch, 0)  # no GPU: the usual label
     _, _, texts = run(shell, cell)
-    assert texts[0].startswith("Recorded output (this machine has no CUDA GPU)")
+    assert texts[0].startswith("Recorded output (this notebook ran without a CUDA GPU)")
     fake_gpus(monkeypatch, 1)
     monkeypatch.setenv("COURSE_SLOW_CELLS", "1")  # asked for: it runs
     result, cap, _ = run(shell, '%%gpu 99-slow --slow "compiles for 7 minutes"\nprint("ran again")')

@@ -481,7 +481,7 @@ def test_site_recorded_gpu_output(site_page):
     """01's matmul sweep: the recording's banner, its text and its plot, under the %%gpu cell."""
     open_site(site_page, "01_cpu_vs_gpu.html")
     cell = site_page.locator("div.cell").filter(has_text="%%gpu 01-matmul-sweep")
-    banner = cell.get_by_text("Recorded output (this machine has no CUDA GPU)")
+    banner = cell.get_by_text("Recorded output (this notebook ran without a CUDA GPU)")
     plot = cell.locator(".cell_output img")
     banner.scroll_into_view_if_needed()
     assert banner.is_visible() and "H200" in banner.inner_text()
@@ -500,6 +500,20 @@ def test_site_launch_buttons(site_page):
     assert f"https://colab.research.google.com/github/{repo}/blob/main/notebooks/02_moving_data.ipynb" in hrefs
     assert f"https://github.com/{repo}" in hrefs  # the repository button
     assert not site_page.locator("img[src^='http']").count(), "a remote image (the notebook's badges?)"
+
+
+def test_site_download_gives_the_notebook(site_page):
+    """The theme's "Download .ipynb" leads to the notebook itself, with its stored outputs (it was a 404)."""
+    for rel, source in [("02_moving_data.html", ROOT / "notebooks" / "02_moving_data.ipynb"),
+                        ("zh/02_moving_data.html", ROOT / "notebooks" / "zh" / "02_moving_data.ipynb")]:
+        if not (SITE / rel).exists():
+            continue
+        open_site(site_page, rel)
+        href = site_page.get_attribute("a.btn-download-source-button", "href")
+        target = (SITE / rel).parent / href
+        assert target.is_file(), f"{rel}: the download link {href!r} is not a file"
+        downloaded = json.loads(target.read_text(encoding="utf-8"))
+        assert downloaded["nbformat"] == 4 and downloaded["cells"] == json.loads(source.read_text())["cells"]
 
 
 def test_site_language_switch(site_page):
