@@ -415,6 +415,13 @@ CHUNKS_WRONG = {
                                              "not a list of whole numbers", "what kind of number"),
     "a string": ({**RIGHT_CHUNKS, (9, 4): "3,3,3"}, (9, 4), "not a list of whole numbers", "what kind of number"),
     "not filled in": ({**RIGHT_CHUNKS, (17, 3): ...}, (17, 3), "not filled in yet", "rule of section 4"),
+    # item 5 of the second student run: a case the exercise did not ask about, with a wrong prediction
+    "a wrong extra case": ({**RIGHT_CHUNKS, (5, 2): [9]}, (5, 2),
+                           "(5, 2) is not a case of the exercise, but your prediction for it is wrong: your chunks "
+                           "add up to 9, but the batch has 5", "lose a sample"),
+    "an extra case in halves": ({**RIGHT_CHUNKS, (5, 2): [2.5, 2.5]}, (5, 2),
+                                "(5, 2) is not a case of the exercise, and its prediction [2.5, 2.5] is not a list",
+                                "what kind of number"),
 }
 
 
@@ -438,12 +445,32 @@ def test_chunk_predictions_right(answer: Any) -> None:
     verdict = dp.check_chunk_predictions(answer)
     assert verdict, str(verdict)
     assert not any(str(chunk_sizes(*c)) in str(verdict) for c in dp.CHUNK_CASES if c[1] > 2)  # no answer printed
+    assert "not a case" not in verdict.message
+
+
+def test_chunk_predictions_extra_keys_are_named() -> None:
+    """Item 5 of the second student run: keys the exercise did not ask about are no longer passed over
+    silently; a right prediction for one is accepted, and the verdict says it is not a case."""
+    verdict = dp.check_chunk_predictions({**RIGHT_CHUNKS, (5, 2): [3, 2]})
+    assert verdict and "(5, 2) is not a case of the exercise; your prediction for it is right too" in verdict.message
+    verdict = dp.check_chunk_predictions({**RIGHT_CHUNKS, (5, 2): ..., "notes": "by hand"})
+    assert verdict and "(5, 2), 'notes' are not cases of the exercise and not a prediction to check" in verdict.message
 
 
 # === 04 · 7.2: unwrap =========================================================================================
 
 class MyDataParallel(nn.DataParallel):
     pass
+
+
+class MyWrapper(nn.DataParallel):  # a subclass whose name does not say DataParallel
+    pass
+
+
+class Head(nn.Module):  # a plain model whose only layer is named module
+    def __init__(self):
+        super().__init__()
+        self.module = nn.Linear(4, 2)
 
 
 def unwrap_while(model):
@@ -474,6 +501,24 @@ UNWRAP_WRONG = [
      "returned a copy of the model", "hand back the one that exists"),
     ("pops_the_model", lambda m: m._modules.pop("module") if isinstance(m, nn.DataParallel) else m,  # in place
      "took the model out of the wrapper", "still work after it"),
+    # items 1-3 of the second student run
+    ("class_name_contains", lambda m: m.module if "DataParallel" in type(m).__name__ else m,
+     "returned the wrapper itself (_ForwardingWrapper)", "How does your test of the type treat subclasses?"),
+    ("every_key_prefixed", lambda m: m.module if all(k.startswith("module.") for k in m.state_dict()) else m,
+     "unwrap(a plain model whose only layer is named 'module') returned its layer 'module'", "start with `module.`"),
+    ("only_child_module", lambda m: m.module if list(m._modules) == ["module"] else m,
+     "unwrap(a plain model whose only layer is named 'module') returned its layer 'module'",
+     "A layer called `module` does not make a wrapper"),
+    ("eval_inner", lambda m: m.module.eval() if isinstance(m, nn.DataParallel) else m,
+     "unwrap(nn.DataParallel(model)) changed the model's training mode (model.training True → False",
+     "training and evaluation mode"),
+    ("train_inner", lambda m: m.module.train() if isinstance(m, nn.DataParallel) else m,
+     "changed the model's training mode (model.training False → True", "training and evaluation mode"),
+    ("eval_every_model", lambda m: (m.module if isinstance(m, nn.DataParallel) else m).eval(),
+     "changed the model's training mode", "besides returning it"),
+    ("train_every_model", lambda m: (m.module if isinstance(m, nn.DataParallel) else m).train(),
+     "unwrap(a model that is not wrapped) changed the model's training mode (model.training False → True",
+     "besides returning it"),
 ]
 
 
@@ -514,6 +559,9 @@ def test_unwrap_right(answer: Callable) -> None:
     verdict = dp.check_unwrap(answer)
     assert verdict, str(verdict)
     assert answer(MyDataParallel(nn.Linear(2, 2))).__class__ is nn.Linear
+    assert answer(MyWrapper(nn.Linear(2, 2))).__class__ is nn.Linear
+    head = Head().eval()
+    assert answer(head) is head and not head.training and not head.module.training
 
 
 # === 04 · 7.3: scatter and gather a dict batch ==============================================================
@@ -594,6 +642,23 @@ def gather_single_stack(outputs):  # right only when there is one chunk of each 
     return {k: torch.stack([o[k] for o in outputs]).flatten(0, 1) for k in outputs[0]}
 
 
+def gather_detached(outputs):  # item 4 of the second student run: right values, no graph
+    return {k: torch.cat([o[k].detach() for o in outputs]) for k in outputs[0]}
+
+
+def gather_regrad(outputs):  # a new leaf: backward runs, but reaches no replica
+    return {k: torch.cat([o[k].detach() for o in outputs]).requires_grad_(o[k].is_floating_point())
+            for k in outputs[0] for o in outputs[:1]}
+
+
+def gather_first_only(outputs):  # the first replica keeps its graph, the others do not
+    return {k: torch.cat([outputs[0][k], *[o[k].detach() for o in outputs[1:]]]) for k in outputs[0]}
+
+
+def gather_via_lists(outputs):
+    return {k: torch.tensor([x for o in outputs for x in o[k].tolist()]) for k in outputs[0]}
+
+
 DICT_WRONG = [
     (scatter_tensor_split, GATHER, "[3, 3, 2, 2] samples, as even as possible over all 4 GPUs", "what does its number"),
     (scatter_split, GATHER, "4 was used as the size of each chunk", "the size of each chunk"),
@@ -612,6 +677,13 @@ DICT_WRONG = [
      "any keys"),
     (SCATTER, gather_list, "returned a list; the outputs are dicts", "one replica's output"),
     (SCATTER, gather_single_stack, "raised RuntimeError", "along the batch dimension"),
+    (SCATTER, gather_detached, "['logits'] has requires_grad=False, while every replica's output requires grad",
+     "backward runs from it through the gather"),
+    (SCATTER, gather_regrad, "does not reach the output(s) of replica(s) [0, 1, 2, 3] (of 4)",
+     "what must gathering keep"),
+    (SCATTER, gather_first_only, "does not reach the output(s) of replica(s) [1, 2, 3] (of 4)",
+     "what must gathering keep"),
+    (SCATTER, gather_via_lists, "has requires_grad=False", "what must gathering keep"),
 ]
 
 

@@ -141,7 +141,62 @@ def predict_wrong_dim(model, batches):
     return out
 
 
+def predict_dropout_off_by_hand(model, batches):  # p = 0: the same numbers, and no dropout ever again
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    with torch.no_grad():
+        return _probs(model, batches)
+
+
+def predict_thawed(model, batches):  # frozen, then every parameter made trainable: a frozen layer thaws
+    was = model.training
+    model.eval()
+    model.requires_grad_(False)
+    out = _probs(model, batches)
+    model.requires_grad_(True)
+    model.train(was)
+    return out
+
+
+def predict_pop(model, batches):  # right values, but the caller's list is empty afterwards
+    was = model.training
+    model.eval()
+    out = []
+    with torch.no_grad():
+        while batches:
+            out.append(torch.softmax(model(batches.pop(0)), dim=1))
+    model.train(was)
+    return torch.cat(out)
+
+
+def predict_normalised_in_place(model, batches):  # the caller's batches standardised in place
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        for x in batches:
+            x.sub_(x.mean()).div_(x.std())
+        out = _probs(model, batches)
+    model.train(was)
+    return out
+
+
+def predict_replaced(model, batches):  # the caller's list holds other tensors afterwards
+    for i, x in enumerate(batches):
+        batches[i] = x.clone()
+    return notebook_solution(STEM, "predict")(model, batches)
+
+
 PREDICT_WRONG = {
+    "dropout p = 0 by hand": (predict_dropout_off_by_hand, "`model.2` (Dropout) has p = 0.0, was 0.5",
+                              "leaves them as it found them"),
+    "requires_grad_(False), then (True)": (predict_thawed, "with requires_grad=True, where the caller had set False",
+                                           "some are frozen on purpose"),
+    "batches.pop(0)": (predict_pop, "held 6 batches before the call and 0 after it: predict used the list up",
+                       "leaves them as it found them"),
+    "batches normalised in place": (predict_normalised_in_place, "changed the caller's batches in place",
+                                    "leaves them as it found them"),
+    "batches replaced in the list": (predict_replaced, "replaced the caller's batch", "leaves them as it found"),
     "model.eval() and never back": (predict_eval_no_restore, "left the model in evaluation mode", "training mode"),
     "model.train() at the end": (predict_train_at_end, "returned it in training mode", "either mode"),
     "set_grad_enabled(True) at the end": (predict_grad_forced_on, "autograd switched on", "on or off"),
@@ -200,12 +255,45 @@ def predict_frozen_and_restored(model, batches):  # clumsy, but leaves everythin
     return out
 
 
+def predict_float64(model, batches):  # probabilities in float64: right
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return torch.cat([torch.softmax(model(x).double(), dim=1) for x in batches])
+    finally:
+        model.train(was)
+
+
+def predict_each_mode_kept(model, batches):  # each submodule's mode put back as found, not the model's alone
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            return _probs(model, batches)
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+
+
 @pytest.mark.parametrize("answer", [notebook_solution(STEM, "predict"), predict_decorated, predict_inference_rows,
-                                    predict_frozen_and_restored], ids=["notebook", "decorator", "inference_mode rows",
-                                                                       "requires_grad restored"])
+                                    predict_frozen_and_restored, predict_float64, predict_each_mode_kept],
+                         ids=["notebook", "decorator", "inference_mode rows", "requires_grad restored", "float64",
+                              "each mode kept"])
 def test_predict_accepts(answer: Callable[..., Any]) -> None:
     verdict = ex.check_predict(answer)
     assert verdict, verdict
+
+
+def test_predict_notes_a_submodule_whose_mode_flipped() -> None:
+    """A BatchNorm the caller keeps in evaluation mode while the model trains: model.train(was) puts it in
+    training mode. Accepted (the notebook's solution does it), with the flip named; keeping each module's mode
+    gets no such note."""
+    flipped = ex.check_predict(notebook_solution(STEM, "predict"))
+    assert flipped and "`model.1` (BatchNorm1d) in evaluation mode" in flipped.message, flipped
+    assert "left it in training mode" in flipped.message
+    kept = ex.check_predict(predict_each_mode_kept)
+    assert kept and "One more thing" not in kept.message, kept
 
 
 # --- exercise 2: label_loss -----------------------------------------------------------------------------------
@@ -257,7 +345,19 @@ def label_every_row_mean(logits, labels):
     return F.cross_entropy(logits, labels, ignore_index=-1, reduction="none").mean()
 
 
+def label_detached(logits, labels):  # the right number, but no gradient reaches the model
+    return F.cross_entropy(logits, labels, ignore_index=-1).detach()
+
+
+def label_logits_detached(logits, labels):
+    return F.cross_entropy(logits.detach(), labels, ignore_index=-1)
+
+
 LABEL_WRONG = {
+    "detach() on the result": (label_detached, "the right value", "stay connected to the logits"),
+    "detach() on the logits": (label_logits_detached, "does not require grad", "stay connected to the logits"),
+    "through .item()": (lambda lo, la: torch.tensor(F.cross_entropy(lo, la, ignore_index=-1).item()),
+                        "does not require grad", "stay connected"),
     "as given": (ex.broken_label_loss, "IndexError: Target -1 is out of bounds", "what does that value mean"),
     "default ignore_index": (lambda lo, la: F.cross_entropy(lo, la, ignore_index=-100), "Target -1",
                              "what does that value mean"),
@@ -399,7 +499,38 @@ def stable_detached_max(logits, target):  # the shift through .item(): the graph
     return -torch.log_softmax(logits - shift, dim=1)[_rows(target), target].detach().mean()
 
 
+def stable_shift_by_target(logits, target):  # every exponent <= 0 only in the target's row... no: overflows
+    z = logits - logits[_rows(target), target][:, None]
+    return torch.log(z.exp().sum(dim=1)).mean()
+
+
+def stable_shift_by_min(logits, target):
+    z = logits - logits.min(dim=1, keepdim=True).values
+    return (torch.log(z.exp().sum(dim=1)) - z[_rows(target), target]).mean()
+
+
+def stable_shift_by_mean(logits, target):
+    z = logits - logits.mean(dim=1, keepdim=True)
+    return (torch.log(z.exp().sum(dim=1)) - z[_rows(target), target]).mean()
+
+
+def stable_log1p(logits, target):  # log(1 + Σ_{j≠t} e^(x_j - x_t)): the others' exps overflow
+    z = logits - logits[_rows(target), target][:, None]
+    others = z.exp().sum(dim=1) - 1
+    return torch.log1p(others).mean()
+
+
+def stable_rescaled(logits, target):  # the logits divided by their largest size: small, but another softmax
+    return ex.broken_stable_loss(logits / logits.abs().max().clamp_min(1.0), target)
+
+
 STABLE_WRONG = {
+    "shift by the target's logit": (stable_shift_by_target, "an exp overflowed, not underflowed",
+                                    "exp of a large positive number overflows"),
+    "shift by the row's min": (stable_shift_by_min, "an exp overflowed, not underflowed: exp(", "at most 0"),
+    "shift by the row's mean": (stable_shift_by_mean, "what was subtracted leaves some exponents large", "at most 0"),
+    "log1p form": (stable_log1p, "an exp overflowed, not underflowed", "overflows to inf"),
+    "rescaled by the largest logit": (stable_rescaled, "The logits were divided by", "rescaling"),
     "as given": (ex.broken_stable_loss, "on logits up to 200 the loss is nan", "torch.isfinite"),
     "float64": (stable_float64, "computed in float64, exp overflows above 709.78", "depend on how large"),
     "row max, then log(p)": (stable_row_max, "cures the overflow, not this underflow", "only its log"),
@@ -425,6 +556,13 @@ def test_stable_loss_rejects(name: str) -> None:
     rejected(ex.check_stable_loss(answer), message, hint, ("log_softmax", "logsumexp", "cross_entropy"))
 
 
+def test_stable_loss_blames_a_clamp_only_where_it_bites() -> None:
+    """A clamp_min that changed no value is not the mistake; an underflow is not told as an overflow."""
+    rescaled = ex.check_stable_loss(stable_rescaled)
+    assert "clamp_min" not in rescaled.message, rescaled.message
+    assert "overflowed" not in ex.check_stable_loss(stable_row_max).message
+
+
 def stable_logsumexp(logits, target):
     return (torch.logsumexp(logits, dim=1) - logits.gather(1, target[:, None]).squeeze(1)).mean()
 
@@ -445,7 +583,10 @@ def stable_small_logits_as_before(logits, target):  # the old loss where it is e
     notebook_solution(STEM, "stable_loss"), lambda logits, target: F.cross_entropy(logits, target),
     stable_logsumexp, stable_by_hand, stable_small_logits_as_before,
     lambda logits, target: -F.log_softmax(logits.double(), dim=1)[_rows(target), target].mean().float(),
-], ids=["notebook", "cross_entropy", "logsumexp", "by hand", "old loss below 80", "log_softmax in float64"])
+    lambda logits, target: F.cross_entropy(logits.double(), target),
+    lambda logits, target: stable_logsumexp(logits.double(), target),
+], ids=["notebook", "cross_entropy", "logsumexp", "by hand", "old loss below 80", "log_softmax in float64",
+        "cross_entropy in float64", "logsumexp in float64"])
 def test_stable_loss_accepts(answer: Callable[..., Any]) -> None:
     verdict = ex.check_stable_loss(answer)
     assert verdict, verdict
@@ -496,7 +637,31 @@ def hist_last_bin_missed(ids, bins):  # < where <= was meant: the id on the last
     return torch.bincount(ids[ids < bins - 1], minlength=bins).float()
 
 
+def hist_toggled(ids, bins):  # the setting off for one line, then back on
+    torch.use_deterministic_algorithms(False)
+    counts = torch.zeros(bins).put_(ids, torch.ones(len(ids)), accumulate=True)
+    torch.use_deterministic_algorithms(True)
+    return counts
+
+
+def hist_numpy(ids, bins):
+    import numpy as np
+    return torch.from_numpy(np.bincount(ids.numpy(), minlength=bins)).float()
+
+
 HIST_WRONG = {
+    "determinism off around put_": (hist_toggled, "switches deterministic algorithms off (or to warnings only) around "
+                                    "put_, and back on", "even for one line"),
+    "index_add_ into torch.zeros(bins)": (lambda ids, bins: torch.zeros(bins).index_add_(0, ids, torch.ones(len(ids))),
+                                          "a tensor made on the CPU", "where the ids live"),
+    "scatter_add_ into torch.zeros(bins)": (
+        lambda ids, bins: torch.zeros(bins).scatter_add_(0, ids, torch.ones(len(ids))),
+        "histogram returned counts on cpu", "where the ids live"),
+    "comparison with torch.arange(bins)": (lambda ids, bins: (ids[:, None] == torch.arange(bins)).sum(0),
+                                           "a tensor made on the CPU", "where the ids live"),
+    "torch.histogram": (lambda ids, bins: torch.histogram(ids.float(), bins=bins, range=(0.0, float(bins))).hist,
+                        "torch.histogram has a CPU implementation only (no CUDA kernel)", "a kernel for that device"),
+    "np.bincount": (hist_numpy, "NumPy", "its values must stay there"),
     "as given": (ex.broken_histogram, "put_ does not have a deterministic implementation", "the message names"),
     "counts[ids] = 1": (hist_overwrite, "overwrites", "adds repeated ids up"),
     "counts[ids] += 1": (hist_plus_equals, "overwrites", "adds repeated ids up"),
@@ -525,7 +690,8 @@ HIST_WRONG = {
 def test_histogram_rejects(name: str) -> None:
     answer, message, hint = HIST_WRONG[name]
     try:
-        rejected(ex.check_histogram(answer), message, hint, ("bincount(", "minlength", "index_add", "scatter_add"))
+        rejected(ex.check_histogram(answer), message, hint, ("bincount(", "minlength", "index_add", "scatter_add",
+                                                            "device=ids.device"))
         assert not torch.are_deterministic_algorithms_enabled(), "the checker restores the setting"
     finally:
         torch.use_deterministic_algorithms(False)
@@ -533,16 +699,16 @@ def test_histogram_rejects(name: str) -> None:
 
 def hist_unique(ids, bins):
     values, counts = torch.unique(ids, return_counts=True)
-    out = torch.zeros(bins)
+    out = torch.zeros(bins, device=ids.device)
     out[values] = counts.float()  # each id once: nothing to overwrite
     return out
 
 
 @pytest.mark.parametrize("answer", [
     notebook_solution(STEM, "histogram"),
-    lambda ids, bins: torch.zeros(bins).index_add_(0, ids, torch.ones(len(ids))),
-    lambda ids, bins: torch.zeros(bins).scatter_add_(0, ids, torch.ones(len(ids))),
-    lambda ids, bins: (ids[:, None] == torch.arange(bins)).sum(0),
+    lambda ids, bins: torch.zeros(bins, device=ids.device).index_add_(0, ids, torch.ones(len(ids), device=ids.device)),
+    lambda ids, bins: ids.new_zeros(bins, dtype=torch.float).scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.float)),
+    lambda ids, bins: (ids[:, None] == torch.arange(bins, device=ids.device)).sum(0),
     lambda ids, bins: F.one_hot(ids, bins).sum(0).float(),
     hist_unique,
 ], ids=["notebook", "index_add_", "scatter_add_", "comparison", "one_hot", "unique"])
@@ -550,6 +716,23 @@ def test_histogram_accepts(answer: Callable[..., Any]) -> None:
     verdict = ex.check_histogram(answer)
     assert verdict, verdict
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_the_meta_run_matches_the_installed_kernels() -> None:
+    """What the meta run assumes, checked against this PyTorch: the operations it replays (their output's size
+    depends on values) have a CUDA kernel and no meta one; torch.histogram has a CPU kernel only."""
+    import os
+    ops = os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "ops")
+    if not os.path.isdir(ops):
+        pytest.skip("this PyTorch has no ATen headers installed")
+    for name in ("bincount", "_unique2", "unique_consecutive", "unique_dim", "nonzero", "masked_select"):
+        assert os.path.exists(os.path.join(ops, f"{name}_cuda_dispatch.h")), name
+    assert os.path.exists(os.path.join(ops, "histogram_cpu_dispatch.h"))
+    assert not os.path.exists(os.path.join(ops, "histogram_cuda_dispatch.h"))
+    with pytest.raises(NotImplementedError, match="aten::bincount"):
+        torch.bincount(torch.zeros(3, dtype=torch.long, device="meta"))
+    with pytest.raises(NotImplementedError, match="aten::histogram"):
+        torch.histogram(torch.zeros(3, device="meta"), bins=2)
 
 
 # --- the two steps ---------------------------------------------------------------------------------------------

@@ -38,6 +38,13 @@ def test_chunk_predictions_wrong() -> None:
     assert not check_chunk_predictions([8, 8])
 
 
+def test_chunk_predictions_extra_keys() -> None:
+    v = check_chunk_predictions({**_right(), (5, 2): [9]})  # a case not asked about, predicted wrong
+    assert not v and "(5, 2) is not a case of the exercise" in v.message and "add up to 9" in v.message
+    v = check_chunk_predictions({**_right(), (5, 2): [3, 2]})  # predicted right: accepted, and named
+    assert v and "(5, 2) is not a case of the exercise" in v.message
+
+
 def test_unwrap() -> None:
     assert check_unwrap(lambda m: m.module if isinstance(m, nn.DataParallel) else m)
     v = check_unwrap(lambda m: m.module)
@@ -47,6 +54,20 @@ def test_unwrap() -> None:
     v = check_unwrap(lambda m: m)
     assert not v and "nn.DataParallel(model)" in v.message
     assert not check_unwrap("net.module")
+
+
+def test_unwrap_second_run() -> None:
+    """A test of the class's name, of the state_dict keys or of the only child, and .eval() on the way."""
+    v = check_unwrap(lambda m: m.module if "DataParallel" in type(m).__name__ else m)
+    assert not v and "returned the wrapper itself (_ForwardingWrapper)" in v.message
+    v = check_unwrap(lambda m: m.module if all(k.startswith("module.") for k in m.state_dict()) else m)
+    assert not v and "a plain model whose only layer is named 'module'" in v.message
+    v = check_unwrap(lambda m: m.module if list(m._modules) == ["module"] else m)
+    assert not v and "returned its layer 'module'" in v.message
+    v = check_unwrap(lambda m: m.module.eval() if isinstance(m, nn.DataParallel) else m)
+    assert not v and "changed the model's training mode (model.training True → False" in v.message
+    v = check_unwrap(lambda m: (m.module if isinstance(m, nn.DataParallel) else m).train())
+    assert not v and "changed the model's training mode" in v.message
 
 
 # the notebook's solution cell is the right answer (tensors cut with .chunk, flags copied, cat in order)
@@ -79,3 +100,9 @@ def test_dict_scatter_gather_wrong() -> None:
     v = check_dict_scatter_gather(_scatter_dict, reversed_gather)
     assert not v and "not in the batch's order" in v.message
     assert not check_dict_scatter_gather(None, _gather_dict)
+
+    def detached_gather(outputs: list[dict]) -> dict:
+        return {k: torch.cat([o[k].detach() for o in outputs]) for k in outputs[0]}
+
+    v = check_dict_scatter_gather(_scatter_dict, detached_gather)
+    assert not v and "requires_grad=False" in v.message and "lost its graph" in v.message

@@ -232,7 +232,10 @@ def test_stable_loss_checker():
 
 def test_histogram_checker():
     assert ex.check_histogram(notebook_solution(STEM, "histogram"))
-    assert ex.check_histogram(lambda ids, bins: torch.zeros(bins).index_add_(0, ids, torch.ones(len(ids))))
+    assert ex.check_histogram(lambda ids, bins: torch.zeros(bins, device=ids.device).index_add_(
+        0, ids, torch.ones(len(ids), device=ids.device)))
+    cpu_only = ex.check_histogram(lambda ids, bins: torch.zeros(bins).index_add_(0, ids, torch.ones(len(ids))))
+    assert not cpu_only and "a tensor made on the CPU" in cpu_only.message
     assert not torch.are_deterministic_algorithms_enabled(), "the checker restores the setting"
     verdict = ex.check_histogram(ex.broken_histogram)
     assert not verdict and "put_ does not have a deterministic implementation" in verdict.message

@@ -90,12 +90,24 @@ def _sizes_feedback(batch: int, gpus: int, got: list[int], want: list[int]) -> t
     return (f"{got} is not how torch.chunk cuts {batch} samples for {gpus} GPUs.", rule_hint, rule_closer)
 
 
+def _as_case(key: Any) -> tuple[int, int] | None:
+    """``key`` as a (batch, gpus) pair of positive ints, when it is one; else None."""
+    if not isinstance(key, tuple) or len(key) != 2:
+        return None
+    numbers_ = _whole_numbers(key)
+    if numbers_ is None or min(numbers_) < 1:
+        return None
+    return numbers_[0], numbers_[1]
+
+
 @exercise
 def check_chunk_predictions(predictions: Any) -> Verdict:
     """Exercise: ``predictions[(batch, gpus)]`` is the list of chunk sizes DataParallel makes.
 
     Sizes may be given as any sequence of whole numbers (3, 3.0, numpy or 0-dim tensor ints); 2.5 is not a
-    size. The first wrong case is reported, by what its sizes do wrong, without the right sizes.
+    size. The first wrong case is reported, by what its sizes do wrong, without the right sizes. Keys that
+    are not cases of the exercise are named in the verdict; a prediction given for such a (batch, gpus)
+    pair is checked as well (a wrong one is rejected), since the student wrote it as an answer.
     """
     if not isinstance(predictions, dict):
         return fail(f"expected a dict {{(batch, gpus): [sizes]}}, got {type(predictions).__name__}.",
@@ -122,7 +134,37 @@ def check_chunk_predictions(predictions: Any) -> Verdict:
             continue
         message, hint, closer = _sizes_feedback(batch, gpus, sizes, want)
         return fail(f"({batch}, {gpus}): {message}", hint, closer)
-    return ok(f"all {len(CHUNK_CASES)} cases right, the ones that leave GPUs idle included.")
+    extra = [key for key in predictions if key not in CHUNK_CASES]
+    checked, ignored = [], []
+    for key in extra:
+        case, got = _as_case(key), predictions[key]
+        if case is None or got is ... or got is None:
+            ignored.append(key)  # nothing to check: not a (batch, gpus) pair, or not filled in
+            continue
+        checked.append(key)
+        sizes = _whole_numbers(got)
+        if sizes is None:
+            return fail(f"{key} is not a case of the exercise, and its prediction {_short(got)} is not a list of "
+                        "whole numbers.",
+                        "A chunk is a number of samples: what kind of number is that?",
+                        "Remove the cases the exercise does not ask about, or give one int per chunk, in order.")
+        if sizes != chunk_sizes(*case):
+            message, hint, closer = _sizes_feedback(*case, sizes, chunk_sizes(*case))
+            return fail(f"{key} is not a case of the exercise, but your prediction for it is wrong: {message}",
+                        hint, closer)
+    done = f"all {len(CHUNK_CASES)} cases right, the ones that leave GPUs idle included."
+    if checked:
+        done += (f" {_keys(checked)} {'is not a case' if len(checked) == 1 else 'are not cases'} of the exercise; "
+                 f"your prediction{'' if len(checked) == 1 else 's'} for {'it is' if len(checked) == 1 else 'them are'}"
+                 " right too.")
+    if ignored:
+        done += (f" {_keys(ignored)} {'is not a case' if len(ignored) == 1 else 'are not cases'} of the exercise "
+                 "and not a prediction to check: ignored.")
+    return ok(done)
+
+
+def _keys(keys: list[Any]) -> str:
+    return ", ".join(_short(k, 30) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
 
 
 # --- 7.2 unwrap -----------------------------------------------------------------------------------------
@@ -148,14 +190,34 @@ class _Ensemble(nn.Module):
         return self.module(x) + self.linear(x)
 
 
-class _ForwardingDataParallel(nn.DataParallel):
-    """A subclass of DataParallel as projects write it: unknown attributes are looked up on the model."""
+class _Head(nn.Module):
+    """A plain model whose only submodule is called ``module``: every state_dict key starts with ``module.``
+    and ``_modules`` lists only ``module``, as for a wrapper."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+
+class _ForwardingWrapper(nn.DataParallel):
+    """A subclass of DataParallel as projects write it: unknown attributes are looked up on the model. Its
+    name does not contain "DataParallel", so that only a test of the type that accepts subclasses passes."""
 
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self.module, name)
+
+
+def _module_label(name: str, wrapped: bool) -> str:
+    """How a message names the submodule ``name`` of a case: the wrapper, the model, model.linear, ..."""
+    if not wrapped:
+        return "model" + (f".{name}" if name else "")
+    return "wrapper" if not name else "model" + name[len("module"):]
 
 
 _WRAPPER_HINT = ("What does DataParallel wrap your model in, and where does the wrapper keep it? "
@@ -172,15 +234,19 @@ def check_unwrap(unwrap: Any) -> Verdict:
                     "Pass the function itself, not its result.",
                     "check_unwrap(unwrap): no parentheses after the name.")
     inner, sub_inner = _Classifier(), _Classifier()
+    # some models in training mode, some in eval mode: an unwrap that calls .eval() or .train() changes one
     cases: list[tuple[str, nn.Module, nn.Module]] = [
         ("nn.DataParallel(model)", nn.DataParallel(inner), inner),
-        ("a model that is not wrapped", (plain := _Classifier()), plain),
+        ("a model that is not wrapped", (plain := _Classifier()).eval(), plain),
         ("a plain model with a layer named 'module'", (ensemble := _Ensemble()), ensemble),
-        ("a subclass of nn.DataParallel wrapping the model", _ForwardingDataParallel(sub_inner), sub_inner),
+        ("a plain model whose only layer is named 'module'", (head := _Head()).eval(), head),
+        ("a subclass of nn.DataParallel named _ForwardingWrapper, wrapping the model",
+         _ForwardingWrapper(sub_inner).eval(), sub_inner),
     ]
     for what, model, want in cases:
         call = f"unwrap({what})"
         wrapped = isinstance(model, nn.DataParallel)
+        modes = {name: m.training for name, m in model.named_modules()}
         try:
             got = unwrap(model)
         except Exception as exc:  # the student's code raised: say which case
@@ -199,6 +265,17 @@ def check_unwrap(unwrap: Any) -> Verdict:
                         f"{'gone' if left is None else 'a ' + type(left).__name__}.",
                         "unwrap only looks inside: should the DataParallel still work after it?",
                         "Read the attribute; do not delete, pop or replace it.")
+        changed = [(name, before) for name, m in model.named_modules()
+                   if (before := modes.get(name, m.training)) != m.training]
+        if changed:
+            flags = ", ".join(f"{_module_label(name, wrapped)}.training {before} → {not before}"
+                              for name, before in changed[:3]) + (", ..." if len(changed) > 3 else "")
+            return fail(f"{call} changed the model's training mode ({flags}): after unwrapping, dropout and batch "
+                        "norm would behave differently than before the call.",
+                        "unwrap only looks inside: should it switch the model between training and evaluation "
+                        "mode? What else does the method you called on the model do, besides returning it?",
+                        "Return the module as it is: .eval() and .train() return the model, but they also set "
+                        "training on it and on every submodule.")
         if got is want:
             continue
         name = type(got).__name__
@@ -219,13 +296,14 @@ def check_unwrap(unwrap: Any) -> Verdict:
                         "Decide by the model's type, with the built-in that also accepts subclasses "
                         "(isinstance), not by whether an attribute named module exists.")
         if wrapped and got is model:
-            if isinstance(model, _ForwardingDataParallel):
+            if isinstance(model, _ForwardingWrapper):
                 return fail(f"{call} returned the wrapper itself ({name}), not the model inside it. A subclass "
-                            "of DataParallel is a DataParallel too.",
+                            "of DataParallel is a DataParallel too, whatever its name.",
                             "Is an instance of a subclass of DataParallel a DataParallel? How does your test "
                             "of the type treat subclasses?",
-                            "Comparing type(model), or its name, with nn.DataParallel is true for that class "
-                            "only; the built-in isinstance accepts subclasses.")
+                            "Comparing type(model) with nn.DataParallel, or looking for 'DataParallel' in its "
+                            "name, is true for that class only (a subclass may have any name); the built-in "
+                            "isinstance accepts subclasses.")
             return fail(f"{call} returned the DataParallel wrapper itself, not the model inside it.",
                         _WRAPPER_HINT, "The wrapper holds your model as an attribute, as section 5's "
                         "net.module.linear shows.")
@@ -367,7 +445,11 @@ def _check_scatter(scatter_dict: Any, b: int, n: int, other_keys: bool) -> tuple
 def _check_gather(gather_dict: Any, chunks: list[dict], b: int, n: int, other_keys: bool) -> Verdict | None:
     batch, index_key, feature_key = _batch(b, other_keys)
     out_key = "scores" if other_keys else "logits"
-    outputs = [{out_key: c[feature_key] * 2, index_key: c[index_key]} for c in chunks]
+    # as a replica's forward: the outputs come out of a layer with a parameter, so they require grad
+    scale = torch.tensor(2.0, requires_grad=True)
+    outputs = [{out_key: c[feature_key] * scale, index_key: c[index_key]} for c in chunks]
+    for o in outputs:
+        o[out_key].retain_grad()
     kept = [dict(o) for o in outputs]
     where = f"gather_dict(the {len(outputs)} outputs of a batch of {b} on {n})"
     cat_hint = ("Gathering joins the replicas' outputs along the batch dimension they already have: which "
@@ -408,6 +490,30 @@ def _check_gather(gather_dict: Any, chunks: list[dict], b: int, n: int, other_ke
     if not torch.equal(merged[out_key], whole[out_key]):
         return fail(f"{where}[{out_key!r}] does not hold the outputs of the samples in {index_key!r}'s order.",
                     "Must every key be joined the same way?", "Join every key's tensors in the list's order.")
+    return _check_graph(where, merged[out_key], [o[out_key] for o in outputs], out_key)
+
+
+def _check_graph(where: str, got: torch.Tensor, parts: list[torch.Tensor], out_key: str) -> Verdict | None:
+    """The gathered ``got`` keeps the autograd graph of the replicas' outputs ``parts`` (which require grad
+    and retain their grad): a backward from it reaches every one of them."""
+    graph_hint = ("The loss is computed on the gathered output, and backward runs from it through the gather to "
+                  "every replica: what must gathering keep of the replicas' outputs? (section 3, step 4)")
+    graph_closer = ("Join the outputs' tensors themselves, with an operation autograd records: no .detach(), "
+                    ".data, .numpy() or .tolist() on the way, and no torch.no_grad().")
+    if not got.requires_grad:
+        return fail(f"{where}[{out_key!r}] has requires_grad=False, while every replica's output requires grad: "
+                    "the gathered output lost its graph, and loss.backward() on it cannot run.",
+                    graph_hint, graph_closer)
+    try:
+        got.sum().backward()
+    except Exception as exc:
+        return fail(f"backward from {where}[{out_key!r}] raised {type(exc).__name__}: {exc}.", graph_hint,
+                    graph_closer)
+    cut = [i for i, part in enumerate(parts) if part.grad is None]
+    if cut:
+        return fail(f"backward from {where}[{out_key!r}] does not reach the output(s) of replica(s) {cut} (of "
+                    f"{len(parts)}): the gathered output lost their graph, so their gradients would be missing.",
+                    graph_hint, graph_closer)
     return None
 
 
