@@ -753,3 +753,24 @@ def test_not_a_function() -> None:
         verdict = checker(42)
         assert not verdict and "expected a function, got int" in verdict.message
         assert "without calling it" in verdict.hint
+
+
+def test_predict_names_log_probabilities_and_one_hot_rows() -> None:
+    """A third student run: log-probabilities were told "the softmax runs over the wrong dimension", one-hot rows
+    "is dropout still dropping"."""
+    def predict_with(make_rows):
+        def predict(model, batches):
+            was = model.training
+            model.eval()
+            try:
+                with torch.no_grad():
+                    return torch.cat([make_rows(model(x)) for x in batches])
+            finally:
+                model.train(was)
+        return predict
+
+    verdict = ex.check_predict(predict_with(lambda out: torch.log_softmax(out, dim=1)))
+    assert not verdict and "log-probabilities" in verdict.message and "log_softmax" not in verdict.hint
+    one_hot = predict_with(lambda out: F.one_hot(out.argmax(1), out.shape[1]).float())
+    verdict = ex.check_predict(one_hot)
+    assert not verdict and "one-hot" in verdict.message

@@ -240,6 +240,16 @@ def check_predict(predict: Callable[[nn.Module, list[torch.Tensor]], Any]) -> Ve
     if not torch.allclose(_as64(first), _as64(want), atol=1e-6):  # in float64: a float64 result is welcome
         gap = (_as64(first) - _as64(want)).abs().max().item()
         sums = _as64(first).sum(dim=1)
+        if (_as64(first) <= 0).all() and torch.allclose(_as64(first).exp(), _as64(want), atol=1e-6):
+            return fail("the result holds the log-probabilities (each row's exp is the right probabilities): the "
+                        "report wants the probabilities themselves.",
+                        "which function turns the model's outputs into probabilities, and which into their logs?",
+                        "broken_predict's softmax is the one to keep; log_softmax is for losses.")
+        if ((_as64(first) == 0) | (_as64(first) == 1)).all() and torch.allclose(sums, torch.ones_like(sums)):
+            return fail("every row of the result is one 1 and zeros (the most likely class, one-hot): the report "
+                        "wants each class's probability, not only the winner.",
+                        "what does the softmax give that an argmax throws away?",
+                        "keep broken_predict's softmax over the classes; change only how it is run.")
         if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
             return fail(f"the rows of the result do not sum to 1 (one sums to {sums[0].item():.3f}): the softmax "
                         "runs over the wrong dimension.", "each row holds one input's probabilities over the 10 "
