@@ -72,3 +72,14 @@ def notebook_functions(stem: str, names: tuple[str, ...], namespace: dict[str, A
     scope = dict(namespace or {})
     exec(compile(ast.Module(body=[found[n] for n in names], type_ignores=[]), f"<{stem} cells>", "exec"), scope)
     return {n: scope[n] for n in names}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_exercise_counts() -> None:
+    """Every test starts with no failed check counted (course_utils.exercises counts failures per checker in a
+    process): each answer a test gives is a student's first try, whose verdict only offers the closer hint.
+    (Cleared in place, not monkeypatched: a monkeypatch made here would outlive other fixtures' teardowns.)"""
+    from course_utils import exercises
+
+    exercises._failures.clear()
+    exercises._last.clear()

@@ -33,13 +33,6 @@ from course_utils.exercises.setup import check_tensor_on_device
 
 
 @pytest.fixture(autouse=True)
-def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each answer is a student's first try: the closer hint is not shown yet."""
-    monkeypatch.setattr(exercises, "_failures", {})
-    monkeypatch.setattr(exercises, "_last", [])
-
-
-@pytest.fixture(autouse=True)
 def _global_settings_kept() -> None:
     """The checkers set back the global settings an answer changes: after each test they are the defaults (and
     are set back here only when a test failed before a checker could)."""

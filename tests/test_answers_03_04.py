@@ -32,14 +32,6 @@ from course_utils.exercises import data_parallel as dp
 from course_utils.exercises import torch_cuda_api as api
 from course_utils.parallel import chunk_sizes
 
-
-@pytest.fixture(autouse=True)
-def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each answer is a first try: its verdict shows the hint and only offers the closer hint."""
-    monkeypatch.setattr(exercises, "_failures", {})
-    monkeypatch.setattr(exercises, "_last", [])
-
-
 CODE_IN_HINT = re.compile(r"isinstance\(|hasattr\(|getattr\(|torch\.cat|\.chunk\(|sorted\(|\bint\(|\bdef |return |"
                           r"lambda|>=|\.join|\.split\(|range\(|\[.*for .* in")
 """What a first hint must not contain: a call or a line of the answer."""

@@ -42,13 +42,6 @@ NB05, NB06 = "05_distributed_data_parallel", "06_loading_across_devices"
 EXERCISE = str(ROOT / "notebooks" / "data" / "06_exercise_classifier.pt")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each answer is a first try: the closer hint is not shown yet."""
-    monkeypatch.setattr(exercises, "_failures", {})
-    monkeypatch.setattr(exercises, "_last", [])
-
-
 def rejected(verdict: Verdict, message: str, hint: str, solution_bits: tuple[str, ...] = (),
              closer: bool = True) -> None:
     """A wrong answer's verdict: it names the mistake (``message``), gives the concept (``hint``), keeps the code

@@ -26,13 +26,6 @@ from course_utils.exercises import performance_toolbox as ex
 NB = "07_performance_toolbox"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each answer is a first try: the closer hint is not shown yet."""
-    monkeypatch.setattr(exercises, "_failures", {})
-    monkeypatch.setattr(exercises, "_last", [])
-
-
 def rejected(verdict: Verdict, message: str, hint: str, solution_bits: tuple[str, ...] = (), *,
              closer: bool = True) -> None:
     """A wrong answer's verdict: it names the mistake (``message``), gives the concept (``hint``), keeps the code

@@ -36,7 +36,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from course_utils import exercises
 from course_utils.exercises import Verdict
 from course_utils.exercises import fully_sharded_data_parallel as ex
 from course_utils.memory_plan import plan_memory
@@ -56,13 +55,6 @@ def _one_thread() -> Any:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts with no failure counted, so that a first failure shows its hint alone."""
-    monkeypatch.setattr(exercises, "_failures", {})
-    monkeypatch.setattr(exercises, "_last", [])
 
 
 def _solution_lines() -> list[str]:

@@ -30,13 +30,6 @@ def _one_thread() -> Any:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each answer is a first try: the closer hint is not shown yet."""
-    monkeypatch.setattr(exercises, "_failures", {})
-    monkeypatch.setattr(exercises, "_last", [])
-
-
 def rejected(verdict: Verdict, message: str, hint: str, solution_bits: tuple[str, ...]) -> None:
     """A wrong answer's verdict: it names the mistake (``message``), gives the concept (``hint``), keeps the code
     for the closer hint, and neither the first hint nor the first display hands over the solution's line."""

@@ -3,18 +3,11 @@ student asks (%hint, Verdict.closer_hint) or fails the same exercise again in th
 
 from __future__ import annotations
 
-import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from course_utils import exercises
 from course_utils.exercises import Verdict, exercise, fail, ok
-
-
-@pytest.fixture(autouse=True)
-def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(exercises, "_failures", {})
-    monkeypatch.setattr(exercises, "_last", [])
 
 
 @exercise
