@@ -2,9 +2,9 @@
 """Notebook 08's memory plan against the allocator, phase by phase, on a CUDA GPU.
 
 For each job (a `GPT` shape, a batch, a precision, activation checkpointing, a ZeRO stage on one GPU, an AdamW
-implementation), `course_utils.memory_plan.measure_peak` measures the allocator's peak in each phase of a step
+implementation), `course_utils.memory.planner.measure_peak` measures the allocator's peak in each phase of a step
 (forward, the loss's backward, backward through the blocks, the optimizer's step) and
-`course_utils.memory_plan.plan_memory` predicts them. The table and the raw figures go to a JSON file with
+`course_utils.memory.planner.plan_memory` predicts them. The table and the raw figures go to a JSON file with
 the device, the PyTorch and CUDA versions and the date.
 
     python benchmarks/memory_phases.py --output build/memory_phases        # every job: phases.json
@@ -34,8 +34,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from course_utils.launch import launch  # noqa: E402
-from course_utils.memory_plan import MEASURED_PHASES, measure_peak, measure_rank, plan_memory  # noqa: E402
+from course_utils.distributed.launch import launch  # noqa: E402
+from course_utils.memory.planner import MEASURED_PHASES, measure_peak, measure_rank, plan_memory  # noqa: E402
 from course_utils.models import GPTConfig  # noqa: E402
 
 SHAPES = {

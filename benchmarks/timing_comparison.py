@@ -46,7 +46,7 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
-from course_utils.reference import format_reference_table  # noqa: E402
+from course_utils.hardware.reference_figures import format_reference_table  # noqa: E402
 from course_utils.timing import benchmark  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "course_utils" / "data" / "reference_figures.json"

@@ -21,6 +21,10 @@ In a notebook (after ``%load_ext course_utils``)::
   real also writes its outputs to its recording file. ``COURSE_RECORDINGS_DIR`` moves that folder.
 - With ``COURSE_GPU_CELLS=name,name,...`` set, only the ``%%gpu`` cells named there run on a GPU host; the
   others show their recordings (``make record GPU_CELLS=...`` re-records a few cells of a notebook).
+- A module or name that moves after a cell was recorded (``course_utils.gpus`` became
+  ``course_utils.subprocesses``, say) is noted in the recording with `note_rename`: the recording still
+  matches the cell's code with the new names put back (`recorded_from`), and its banner says what was
+  renamed since, until ``make record`` re-makes it.
 - ``%%gpu NAME --slow "WHY"`` marks a cell that takes minutes even on a large GPU (``WHY`` says how long
   and why). On a GPU it shows its recording too, and runs only when asked: ``COURSE_SLOW_CELLS=1`` in the
   environment (``%env COURSE_SLOW_CELLS=1`` in the notebook, ``make gpu-check SLOW=1``), or its name in
@@ -43,7 +47,7 @@ import platform
 import re
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -61,7 +65,9 @@ __all__ = [
     "hardware_meta",
     "load_recording",
     "not_recorded_note",
+    "note_rename",
     "parse_gpu_line",
+    "recorded_from",
     "recording_label",
     "recordings_dir",
     "run_or_replay",
@@ -115,6 +121,36 @@ def cell_digest(source: str) -> str:
     """Short hash of a cell's code (trailing blanks ignored), stored to spot stale recordings."""
     norm = "\n".join(line.rstrip() for line in source.strip().splitlines())
     return hashlib.sha256(norm.encode()).hexdigest()[:16]
+
+
+def recorded_from(meta: dict[str, Any], source: str) -> bool:
+    """Whether a recording's ``meta`` was made from ``source``: the digests match, or they match once every
+    rename noted since (`note_rename`) is undone in ``source``."""
+    if meta.get("cell_digest") == cell_digest(source):
+        return True
+    renames = meta.get("renamed_since", [])
+    if not renames:
+        return False
+    for old, new in reversed([(r["old"], r["new"]) for r in renames]):
+        source = source.replace(new, old)
+    return meta.get("cell_digest") == cell_digest(source)
+
+
+def note_rename(name: str, renames: Sequence[tuple[str, str]], source: str, date: str | None = None) -> Path:
+    """Note in recording ``name`` that each ``(old, new)`` of ``renames`` is now called ``new`` (a moved module,
+    a renamed function): a maintainer's step when code moves and no GPU is at hand to re-record. ``source``
+    is the cell's code now; it must differ from what was recorded by these renames (and earlier noted ones)
+    only, else `RecordingError`. The banner then says what was renamed since; ``make record`` drops the note."""
+    if not renames:
+        raise ValueError("note_rename: give at least one (old, new) pair")
+    rec = load_recording(name)
+    meta = dict(rec.meta)
+    on = date or datetime.now(timezone.utc).date().isoformat()
+    meta["renamed_since"] = [*meta.get("renamed_since", []), *({"old": o, "new": n, "on": on} for o, n in renames)]
+    if not recorded_from(meta, source):
+        raise RecordingError(f"{name}: the cell's code differs from what was recorded by more than the renames "
+                             f"{list(renames)}; re-record it with `make record` on a GPU host")
+    return save_recording(name, rec.outputs, meta)
 
 
 def load_recording(name: str) -> Recording:
@@ -270,24 +306,33 @@ def folded(text: str, name: str, stream: str = "stdout") -> str:
 
 def show_recording(name: str, gpus: int = 1, shows: str = "", slow: str = "") -> None:
     """Display a recording with its label, or a note when it is missing or unreadable. Never raises."""
-    from IPython.display import publish_display_data
-
     why = _why_not_here(gpus, _have_gpus(), name, slow)
     try:
         rec = load_recording(name)
     except (RecordingError, ValueError):
         _banner(not_recorded_note(name, gpus, _have_gpus(), shows), "#c0392b")
         return
-    _banner(f"Recorded output ({why}), recorded on {recording_label(rec.meta)}:", "#2e86c1")
-    for out in rec.outputs:
+    renamed = "; ".join(f"{r['old']} is now {r['new']}" for r in rec.meta.get("renamed_since", []))
+    since = f" (renamed since: {renamed})" if renamed else ""
+    _banner(f"Recorded output ({why}), recorded on {recording_label(rec.meta)}{since}:", "#2e86c1")
+    _replay(rec.outputs, name)
+
+
+def _replay(outputs: list[dict[str, Any]], name: str = "", fold: bool = True) -> None:
+    """Show outputs as the cell that made them did: streams (folded, when ``fold``), displays, errors.
+    Both paths use it: a recording shown on a machine without the GPUs, and what a recording run captured."""
+    from IPython.display import publish_display_data
+
+    for out in outputs:
         kind = out.get("output_type")
         if kind == "stream":
             stream = sys.stderr if out.get("name") == "stderr" else sys.stdout
-            stream.write(folded(out.get("text", ""), name, str(out.get("name", "stdout"))))
+            text = out.get("text", "")
+            stream.write(folded(text, name, str(out.get("name", "stdout"))) if fold else text)
             stream.flush()
         elif kind == "display_data":
             publish_display_data(out.get("data", {}), out.get("metadata", {}))
-        elif kind == "error":
+        elif kind == "error" and fold:
             sys.stderr.write(f"{out.get('ename', 'Error')}: {out.get('evalue', '')}\n"
                              "(this error was raised on the GPU host, as the lesson intends)\n")
             sys.stderr.flush()
@@ -412,14 +457,9 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
     meta = hardware_meta(gpus)
     meta["cell_digest"] = cell_digest(source)
     save_recording(name, outputs, meta)
-    # Show what was captured, then re-raise so a deliberate error demo still fails visibly.
-    from IPython.display import publish_display_data
-
-    for out in outputs:
-        if out["output_type"] == "stream":
-            (sys.stderr if out["name"] == "stderr" else sys.stdout).write(out["text"])
-        elif out["output_type"] == "display_data":
-            publish_display_data(out["data"], out["metadata"])
+    # Show what was captured (whole: this is the real run), then re-raise so a deliberate error demo still
+    # fails visibly, with its own traceback.
+    _replay(outputs, name, fold=False)
     if error is not None:
         raise error
 

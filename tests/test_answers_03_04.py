@@ -26,11 +26,12 @@ import torch
 from conftest import ROOT, notebook_functions, notebook_solution
 from torch import nn
 
-from course_utils import exercises, gpus
+from course_utils import exercises
+from course_utils.hardware import gpus
 from course_utils.exercises import Verdict
 from course_utils.exercises import data_parallel as dp
 from course_utils.exercises import torch_cuda_api as api
-from course_utils.parallel import chunk_sizes
+from course_utils.distributed.data_parallel import chunk_sizes
 
 CODE_IN_HINT = re.compile(r"isinstance\(|hasattr\(|getattr\(|torch\.cat|\.chunk\(|sorted\(|\bint\(|\bdef |return |"
                           r"lambda|>=|\.join|\.split\(|range\(|\[.*for .* in")

@@ -31,7 +31,7 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from traitlets.config import Config
 
 from course_utils import exercises
-from course_utils.checkpoints import load_checkpoint, load_weights, strip_prefixes
+from course_utils.checkpoints.loading import load_checkpoint, load_weights, strip_prefixes
 from course_utils.exercises import Verdict
 from course_utils.exercises import distributed_data_parallel as ddp
 from course_utils.exercises import loading_across_devices as lad
@@ -400,7 +400,7 @@ def test_gpu_checkpoint_wrong_answers() -> None:
              "torch.load only reads the file")
     helper = ["clf = TinyClassifier()\nclf = load_weights(clf, EXERCISE)"]
     rejected(check(load_weights(TinyClassifier(), EXERCISE), EXERCISE, code=helper),
-             "your code calls load_weights from course_utils.checkpoints", "Which steps does load_weights do")
+             "your code calls load_weights from course_utils.checkpoints.loading", "Which steps does load_weights do")
     by_helpers = ["clf = TinyClassifier()\nclf.load_state_dict(checkpoints.strip_prefixes(load_checkpoint(EXERCISE)"
                   "['state_dict']))"]
     clf = TinyClassifier()
@@ -436,7 +436,7 @@ def test_gpu_checkpoint_helper_hint_names_the_helper_used() -> None:
     code = ["clf = TinyClassifier()\nck = torch.load(EXERCISE, map_location='cpu')\n"
             "clf.load_state_dict(strip_prefixes(ck['state_dict']))"]
     verdict = check(clf, EXERCISE, code=code)
-    rejected(verdict, "your code calls strip_prefixes from course_utils.checkpoints",
+    rejected(verdict, "your code calls strip_prefixes from course_utils.checkpoints.loading",
              "Which steps does strip_prefixes do for you?")
     assert "load_weights" not in verdict.hint and "strip_prefixes: what the keys look like" in verdict.hint
     assert "in place of strip_prefixes, a new dict whose keys lose DataParallel's prefix" in verdict.closer

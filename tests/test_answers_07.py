@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from conftest import ROOT, notebook_functions, notebook_solution
 
-from course_utils import exercises, traces
+from course_utils import exercises
+from course_utils.performance import traces
 from course_utils.exercises import Verdict
 from course_utils.exercises import performance_toolbox as ex
 

@@ -1,4 +1,4 @@
-"""course_utils.checkpoints and the notebook-06 checkers: every error path, the 2019 GPU checkpoints."""
+"""course_utils.checkpoints.loading and the notebook-06 checkers: every error path, the 2019 GPU checkpoints."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.checkpoint_files import _Global, _refused_by_safe_loader
-from course_utils.checkpoints import (
+from course_utils.checkpoints.diagnosis import _Global, _refused_by_safe_loader
+from course_utils.checkpoints.loading import (
     CheckpointError,
     find_state_dict,
     load_checkpoint,

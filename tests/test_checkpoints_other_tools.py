@@ -1,4 +1,4 @@
-"""course_utils.checkpoints on what other tools write: trainers' checkpoint dicts (DeepSpeed, Lightning, timm),
+"""course_utils.checkpoints.loading on what other tools write: trainers' checkpoint dicts (DeepSpeed, Lightning, timm),
 TorchScript and torch.export archives, AOTInductor packages, safetensors files, weights sharded over several
 files with an index, and model folders in Hugging Face's layout. Each file is made here the way its tool makes
 it; where a message gives advice, the test follows it and checks that it works."""
@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file, save_model
 from torch import nn
 
-from course_utils import compiling
-from course_utils.checkpoints import (
+from course_utils.performance import compiling
+from course_utils.checkpoints.loading import (
     CheckpointError,
     find_state_dict,
     load_checkpoint,
@@ -311,7 +311,7 @@ def test_sharded_weights_and_their_index(tmp_path: Path, fmt: str) -> None:
     text = str(e.value)
     assert text.startswith(f"{index} is the index of weights sharded over 2 file(s) ({first}, {second}) in "
                            "Hugging Face's layout, not a checkpoint itself.")
-    assert "course_utils.checkpoints.read_state_dict(path) reads them into one state_dict" in text
+    assert "course_utils.checkpoints.loading.read_state_dict(path) reads them into one state_dict" in text
     # the advice, followed
     assert _equal(read_state_dict(index), weights)
     assert _equal(load_weights(FooNet(), index).state_dict(), weights)

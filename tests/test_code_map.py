@@ -33,10 +33,16 @@ def users() -> dict[str, list[str]]:
     return found
 
 
-HELPERS = [p for p in MODULES if p.parent == PACKAGE and p.name != "__init__.py"]
+HELPERS = [p for p in MODULES if p.name != "__init__.py" and p.parent != PACKAGE / "exercises"]
+SUBPACKAGES = [p for p in MODULES if p.name == "__init__.py" and p.parent not in (PACKAGE, PACKAGE / "exercises")]
 
 
-@pytest.mark.parametrize("path", HELPERS, ids=lambda p: p.name)
+def below_package(path: Path) -> str:
+    """``course_utils/hardware/gpus.py`` → ``hardware.gpus``, as `notebook_modules` names modules."""
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+@pytest.mark.parametrize("path", HELPERS, ids=below_package)
 def test_helper_docstring_opens_with_its_notebooks(path: Path) -> None:
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     opening = doc.split("\n\n")[0]
@@ -44,7 +50,7 @@ def test_helper_docstring_opens_with_its_notebooks(path: Path) -> None:
     if path.stem == "recording":
         assert "every notebook" in opening.lower()
         return
-    numbers = users().get(path.stem, [])
+    numbers = users().get(below_package(path), [])
     missing = [n for n in numbers if not re.search(rf"\b{n}\b", opening)]
     assert not missing, (f"{path.name} is imported by notebook(s) {', '.join(numbers)}; its docstring's first "
                          f"paragraph does not name {', '.join(missing)}")
@@ -56,7 +62,21 @@ def test_every_checker_module_is_named_after_a_notebook() -> None:
     assert checkers <= stems, f"checker modules without a notebook of that name: {sorted(checkers - stems)}"
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize("path", SUBPACKAGES, ids=lambda p: p.parent.name)
+def test_subpackage_lists_its_modules(path: Path) -> None:
+    """A subpackage's ``__init__`` imports nothing; its ``__all__`` and docstring name every module in it."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    assert not [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)], "a subpackage imports nothing"
+    modules = sorted(p.stem for p in path.parent.glob("*.py") if p.name != "__init__.py")
+    declared = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets))
+    assert sorted(declared) == modules, f"__all__ {sorted(declared)} is not the modules {modules}"
+    doc = ast.get_docstring(tree) or ""
+    assert not [m for m in modules if f"`{m}`" not in doc], "the docstring does not name every module"
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p not in SUBPACKAGES],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_all_lists_the_public_names(path: Path) -> None:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     defined = {node.name for node in tree.body

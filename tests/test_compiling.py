@@ -1,4 +1,4 @@
-"""course_utils.compiling.compile_problem's test compile: a toolchain that fails, a compile that does not finish
+"""course_utils.performance.compiling.compile_problem's test compile: a toolchain that fails, a compile that does not finish
 in time, a damaged Inductor cache; each reported with its real first line, and the advice, followed, works.
 
 Inductor on Linux compiles CPU kernels with $CXX (else g++), after checking that `$CXX --version` runs
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import compiling
+from course_utils.performance import compiling
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the fake compilers are shell scripts")
 

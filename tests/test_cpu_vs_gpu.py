@@ -18,7 +18,7 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from course_utils import plots, reference  # noqa: E402
+from course_utils.hardware import rate_plots as plots, reference_figures as reference  # noqa: E402
 from course_utils.exercises import cpu_vs_gpu  # noqa: E402
 from course_utils.exercises.cpu_vs_gpu import SimulatedAsyncDevice, check_time_per_call  # noqa: E402
 

@@ -12,7 +12,7 @@ from course_utils.exercises.data_parallel import (
     check_dict_scatter_gather,
     check_unwrap,
 )
-from course_utils.parallel import chunk_sizes
+from course_utils.distributed.data_parallel import chunk_sizes
 
 
 def _right() -> dict:

@@ -1,4 +1,4 @@
-"""Notebook 05: course_utils.launch, .ddp_workers, .torchrun, .ddp_train and the notebook-05 checkers.
+"""Notebook 05: course_utils.distributed.launch, .ddp_workers, .torchrun, .ddp_train and the notebook-05 checkers.
 
 The multi-process tests use gloo on 127.0.0.1 with free ports, a tiny model and few steps; the torchrun
 runs are shared between tests (module-scoped fixtures), because starting a worker costs seconds.
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import ddp_workers as W
-from course_utils import launch as L
-from course_utils import torchrun as T
-from course_utils.ddp_train import (
+from course_utils.distributed import ddp_demos as W
+from course_utils.distributed import launch as L
+from course_utils.distributed import torchrun as T
+from course_utils.distributed.ddp_train import (
     SnapshotError,
     find_latest_snapshot,
     load_snapshot,

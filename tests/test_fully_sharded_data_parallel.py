@@ -24,8 +24,8 @@ from torch.utils.checkpoint import checkpoint
 
 from course_utils.exercises import Verdict
 from course_utils.exercises import fully_sharded_data_parallel as ex
-from course_utils.memory_accounting import saved_tensor_bytes
-from course_utils.memory_plan import plan_memory
+from course_utils.memory.accounting import saved_tensor_bytes
+from course_utils.memory.planner import plan_memory
 from course_utils.models import GPT, GPTConfig, token_batch
 
 NB = "08_fully_sharded_data_parallel"

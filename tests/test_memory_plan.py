@@ -1,4 +1,4 @@
-"""course_utils.memory_plan: the planner's terms against what a CPU step really holds, and its bad input.
+"""course_utils.memory.planner: the planner's terms against what a CPU step really holds, and its bad input.
 
 Every phase is validated on an H200 by notebook 08's recorded cell ``08-memory-plan``; here, on the CPU: the
 saved activations to the byte (float32, fused and math attention), every phase of one step measured by the CPU
@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from course_utils.memory_accounting import CpuAllocations, saved_tensor_bytes
-from course_utils.memory_plan import (
+from course_utils.memory.accounting import CpuAllocations, saved_tensor_bytes
+from course_utils.memory.planner import (
     MEASURED_PHASES,
     MemoryPlan,
     cublas_workspace_bytes,

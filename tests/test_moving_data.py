@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from conftest import notebook_solution
 
-from course_utils import transfer
+from course_utils.hardware import transfer
 from course_utils.exercises import moving_data as md
 from course_utils.formatting import format_bytes, format_number
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.recording import RecordingError, cell_digest, load_recording, parse_gpu_line
+from course_utils.recording import RecordingError, load_recording, parse_gpu_line, recorded_from
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -83,7 +83,7 @@ def test_machine_path_guard_catches_any_machine():
                  "/var/folders/ab/T/x", "/opt/conda/lib/python3.12/site-packages/torch/x.py",
                  "/usr/lib/python3/dist-packages/x.py", str(ROOT / "course_utils" / "x.py")]:
         assert MACHINE_PATH.search(path), path
-    for fine in ["<site-packages>/torch/serialization.py", "course_utils/checkpoints.py", "data/06_x.pt",
+    for fine in ["<site-packages>/torch/serialization.py", "course_utils/checkpoints/loading.py", "data/06_x.pt",
                  "scratch_06/weights.pt", "/shared/ckpt"]:
         assert not MACHINE_PATH.search(fine), fine
 
@@ -197,7 +197,7 @@ def test_single_gpu_cells_have_current_recordings():
                 continue
             if name in PENDING_RECORDINGS:
                 problems.append(f"{name} has a recording now: take it out of PENDING_RECORDINGS")
-            if recording.meta.get("cell_digest") != cell_digest(body):
+            if not recorded_from(recording.meta, body):
                 problems.append(f"{path.name} cell {i} ({name}): the code changed since it was recorded; "
                                 "run `make record` on a GPU host")
             if recording.meta.get("gpu_count", 0) < gpus:

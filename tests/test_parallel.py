@@ -1,4 +1,4 @@
-"""Notebook 04's four steps of DataParallel must give what the plain module gives; course_utils.parallel's
+"""Notebook 04's four steps of DataParallel must give what the plain module gives; course_utils.distributed.data_parallel's
 chunk sizes and pictures.
 
 The four steps (scatter, replicate, parallel_apply, gather) and data_parallel live in the notebook's own
@@ -20,7 +20,7 @@ from conftest import notebook_functions
 from torch import nn
 
 from course_utils.devices import cuda_device_count
-from course_utils.parallel import chunk_sizes, plot_batch_split, plot_mechanism
+from course_utils.distributed.data_parallel import chunk_sizes, plot_batch_split, plot_mechanism
 
 matplotlib.use("Agg")
 

@@ -14,11 +14,13 @@ import torch.nn.functional as F
 from conftest import notebook_functions, notebook_solution
 from torch import nn
 
-from course_utils import compiling, graph_standin, peaks, traces
+from course_utils.hardware import peak_flops as peaks
+from course_utils.performance import compiling, traces
+from course_utils.performance import cuda_graph_standin as graph_standin
 from course_utils.exercises import performance_toolbox as ex
-from course_utils.graph_standin import cpu_cuda_graphs
-from course_utils.input_pipeline import DecodedImages, SlowReads
-from course_utils.memory_accounting import allocation_timeline, plot_memory_timeline, saved_tensor_bytes
+from course_utils.performance.cuda_graph_standin import cpu_cuda_graphs
+from course_utils.performance.datasets import DecodedImages, SlowReads
+from course_utils.memory.accounting import allocation_timeline, plot_memory_timeline, saved_tensor_bytes
 from course_utils.models import GPT, GPTConfig, token_batch
 
 NB = "07_performance_toolbox"

@@ -234,3 +234,34 @@ def test_a_long_recorded_stream_is_shown_folded(shell, monkeypatch, tmp_path):
                                        "line 98", "line 99", "line 100"]
     assert cap.stdout == "".join(f"{i}\n" for i in range(rec.FOLD_LINES))  # 40 lines: shown whole
     assert rec.load_recording("99-long").outputs[0]["text"] == log  # the file keeps everything
+
+
+def test_a_noted_rename_keeps_the_recording_and_says_so(shell, monkeypatch, tmp_path):
+    """Code that moved after it was recorded: the recording matches once the rename is undone, the banner names
+    the rename, any other change is refused, and a new recording drops the note."""
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("COURSE_RECORD", "1")
+    old = "from os import path as ospath\nprint(ospath.__name__.endswith('path'))"
+    run(shell, "%%gpu 99-moved\n" + old)
+    new = old.replace("ospath", "os_path")
+    meta = rec.load_recording("99-moved").meta
+    assert rec.recorded_from(meta, old) and not rec.recorded_from(meta, new)
+
+    with pytest.raises(rec.RecordingError, match="more than the renames"):
+        rec.note_rename("99-moved", [("ospath", "os_path")], new + "\nprint(1)")
+    rec.note_rename("99-moved", [("ospath", "os_path")], new, date="2026-12-05")
+    meta = rec.load_recording("99-moved").meta
+    assert rec.recorded_from(meta, new) and not rec.recorded_from(meta, new.replace("print", "len"))
+    with pytest.raises(ValueError, match="at least one"):
+        rec.note_rename("99-moved", [], new)
+
+    fake_gpus(monkeypatch, 0)
+    monkeypatch.delenv("COURSE_RECORD")
+    _, cap, texts = run(shell, "%%gpu 99-moved\n" + new)
+    assert "(renamed since: ospath is now os_path):" in texts[0]
+    assert cap.stdout == "True\n"
+
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("COURSE_RECORD", "1")
+    run(shell, "%%gpu 99-moved\n" + new)
+    assert "renamed_since" not in rec.load_recording("99-moved").meta

@@ -1,4 +1,4 @@
-"""course_utils.sharded_checkpoints: DCP folders saved and checked in one process (no process group)."""
+"""course_utils.checkpoints.sharded: DCP folders saved and checked in one process (no process group)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from course_utils.checkpoints import (
+from course_utils.checkpoints.loading import (
     CheckpointError,
     load_checkpoint,
     load_optimizer_state,
@@ -34,7 +34,7 @@ from course_utils.checkpoints import (
     read_state_dict,
 )
 from course_utils.models import GPT, GPTConfig, token_batch
-from course_utils.sharded_checkpoints import (
+from course_utils.checkpoints.sharded import (
     check_divisible,
     check_sharded_checkpoint,
     load_sharded,

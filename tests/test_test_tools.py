@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import launch as L
-from course_utils import torchrun as T
+from course_utils.distributed import launch as L
+from course_utils.distributed import torchrun as T
 
 ROOT = Path(__file__).resolve().parents[1]
 

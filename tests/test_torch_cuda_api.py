@@ -1,4 +1,4 @@
-"""Tests of course_utils.gpus, course_utils.memory and the notebook 03 checkers (CPU only)."""
+"""Tests of course_utils.hardware.gpus, course_utils.memory.max_batch_size and the notebook 03 checkers (CPU only)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import gpus, memory
+from course_utils import subprocesses
+from course_utils.hardware import gpus
+from course_utils.memory import max_batch_size as memory
 from course_utils.exercises import torch_cuda_api
-from course_utils.gpus import GpuMemory, NoGpuError
+from course_utils.hardware.gpus import GpuMemory, NoGpuError
 
 # Hand-written examples of the *layout* of `nvidia-smi -q -d Memory` (values made up, not a capture):
 # current drivers print a Reserved line in the FB Memory Usage block; older ones did not.
@@ -224,11 +226,11 @@ def test_run_python_env():
     code = "import os; print(repr(os.environ.get('A_VAR')), repr(os.environ.get('B_VAR')))"
     os.environ["B_VAR"] = "parent"
     try:
-        assert gpus.run_python(code, env={"A_VAR": "1,0", "B_VAR": None}).strip() == "'1,0' None"
-        assert gpus.run_python(code).strip() == "None 'parent'"
+        assert subprocesses.run_python(code, env={"A_VAR": "1,0", "B_VAR": None}).strip() == "'1,0' None"
+        assert subprocesses.run_python(code).strip() == "None 'parent'"
     finally:
         del os.environ["B_VAR"]
-    assert "(exit status 3)" in gpus.run_python("import sys; sys.exit(3)")
+    assert "(exit status 3)" in subprocesses.run_python("import sys; sys.exit(3)")
 
 
 # --- memory ---------------------------------------------------------------------------------------------

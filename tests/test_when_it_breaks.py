@@ -1,4 +1,4 @@
-"""Tests of notebook 09's helpers (course_utils.leaks, hangs, worker_start) and its checkers (CPU only)."""
+"""Tests of notebook 09's helpers (course_utils.memory.leaks, hangs, worker_start) and its checkers (CPU only)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from conftest import notebook_solution
 from torch import nn
 from torch.utils.data import DataLoader
 
-from course_utils import worker_start
+from course_utils.performance import dataloader_workers as worker_start
 from course_utils.exercises import when_it_breaks as ex
-from course_utils.hangs import BATCHES, log_on_one_rank, uneven_epoch, where_it_waits
-from course_utils.launch import launch
-from course_utils.leaks import graph_memory, graph_nodes
+from course_utils.distributed.hangs import BATCHES, log_on_one_rank, uneven_epoch, where_it_waits
+from course_utils.distributed.launch import launch
+from course_utils.memory.leaks import graph_memory, graph_nodes
 
 STEM = "09_when_it_breaks"
 
@@ -82,7 +82,7 @@ def test_forked_workers_inherit_and_spawned_ones_do_not(monkeypatch):
 # --- hangs: every run ends, in bounded time ------------------------------------------------------------
 
 def test_where_it_waits_keeps_only_the_module_frames():
-    import course_utils.hangs as hangs
+    import course_utils.distributed.hangs as hangs
 
     dump = (f'Thread 0x1 (most recent call first):\n  File "/x/torch/distributed/c10d.py", line 3 in barrier\n'
             f'  File "{hangs.__file__}", line 1 in uneven_epoch\n')

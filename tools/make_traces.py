@@ -12,7 +12,7 @@ annotations, a Python thread and the autograd engine's backward thread.
   of a small CNN whose batches come from a ``DataLoader`` without workers over `DecodedImages` (each item
   costs real CPU work); each step also logs its loss with ``.item()``. Its bottleneck is for the student
   to find, so this docstring does not name it.
-- ``tests/data/gpu_sync_steps.json.gz``: the tests of ``course_utils.traces``. Two training steps of the
+- ``tests/data/gpu_sync_steps.json.gz``: the tests of ``course_utils.performance.traces``. Two training steps of the
   small GPT, each ending with one ``loss.item()`` and one ``torch.cuda.synchronize()``: exactly four host
   waits, and backward on a thread of its own.
 
@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 ROOT = Path(__file__).resolve().parents[1]
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 sys.path.insert(0, str(ROOT))
-from course_utils.input_pipeline import DecodedImages  # noqa: E402
+from course_utils.performance.datasets import DecodedImages  # noqa: E402
 from course_utils.models import GPT, GPTConfig, token_batch  # noqa: E402
 
 

@@ -72,15 +72,14 @@ def repository_url() -> str:
 
 # --- which course_utils modules a notebook uses ---------------------------------------------------------
 
-_FROM_PACKAGE = re.compile(r"^\s*from course_utils import \(?([\w\s,()]+?)\)?\s*$", re.M)
-_FROM_MODULE = re.compile(r"^\s*from course_utils\.([\w.]+) import", re.M)
-_FROM_EXERCISES = re.compile(r"^\s*from course_utils\.exercises import \(?([\w\s,]+?)\)?\s*$", re.M)
+_FROM = re.compile(r"^\s*from course_utils(\.[\w.]+)? import \(?([\w\s,()]+?)\)?\s*$", re.M)
 _IMPORT_MODULE = re.compile(r"^\s*import course_utils\.([\w.]+)", re.M)
+PACKAGE = ROOT / "course_utils"
 
 
 def _package_names() -> dict[str, str]:
     """Names ``course_utils/__init__.py`` re-exports → the module each comes from (read, not imported)."""
-    text = (ROOT / "course_utils" / "__init__.py").read_text(encoding="utf-8")
+    text = (PACKAGE / "__init__.py").read_text(encoding="utf-8")
     names: dict[str, str] = {}
     for module, imported in re.findall(r"^from \.(\w+) import ([^\n]+)$", text, re.M):
         for name in imported.split(","):
@@ -88,36 +87,44 @@ def _package_names() -> dict[str, str]:
     return names
 
 
+def _is_module(dotted: str) -> bool:
+    return (PACKAGE / f"{dotted.replace('.', '/')}.py").is_file()
+
+
+def _is_package(dotted: str) -> bool:
+    return (PACKAGE / dotted.replace(".", "/") / "__init__.py").is_file()
+
+
 def notebook_modules(path: Path) -> list[str]:
-    """The ``course_utils`` modules a notebook's code cells import, sorted (``exercises.*`` for checkers).
+    """The ``course_utils`` modules a notebook's code cells import, sorted, as dotted paths below the package
+    (``timing``, ``hardware.gpus``, ``exercises.setup``).
 
     ``from course_utils import benchmark`` counts as the module that defines ``benchmark`` (timing);
-    ``from course_utils import gpus`` as ``gpus``. The ``%%gpu`` magic (module ``recording``), which every
-    notebook loads in its setup cell, is left out.
+    ``from course_utils.hardware import gpus`` as ``hardware.gpus``; ``from course_utils.hardware.gpus import
+    pick_gpus`` as ``hardware.gpus``. The ``%%gpu`` magic (module ``recording``), which every notebook loads in
+    its setup cell, is left out.
     """
     nb = json.loads(path.read_text(encoding="utf-8"))
     source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     exported = _package_names()
     found: set[str] = set()
-    for names in _FROM_PACKAGE.findall(source):
-        for name in re.split(r"[\s,()]+", names):
+    for where, names in _FROM.findall(source):
+        where = where.lstrip(".")
+        if where and _is_module(where):
+            found.add(where)
+            continue
+        for item in re.split(r"[,()]+", names):
+            name = item.split(" as ")[0].strip()
             if not name:
                 continue
-            if (ROOT / "course_utils" / f"{name}.py").is_file():
-                found.add(name)
-            elif name in exported:
+            dotted = f"{where}.{name}" if where else name
+            if _is_module(dotted):
+                found.add(dotted)
+            elif not where and name in exported:
                 found.add(exported[name])
-    for module in _FROM_MODULE.findall(source) + _IMPORT_MODULE.findall(source):
-        found.add(module)
-    for names in _FROM_EXERCISES.findall(source):
-        found.discard("exercises")
-        found.update(f"exercises.{name}" for name in re.split(r"[\s,]+", names) if name)
-    for module in list(found):
-        if module == "exercises" or module.startswith("exercises."):
-            continue
-        parts = module.split(".")
-        found.discard(module)
-        found.add(parts[0])  # course_utils.exercises.x stays whole; course_utils.a.b is module a
+            elif where and _is_package(where):
+                found.add(where)
+    found.update(m for m in _IMPORT_MODULE.findall(source) if _is_module(m))
     found.discard("recording")
     return sorted(found)
 

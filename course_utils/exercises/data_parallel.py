@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..parallel import chunk_sizes
+from ..distributed.data_parallel import chunk_sizes
 from . import Verdict, exercise, fail, ok
 
 __all__ = ["CHUNK_CASES", "check_chunk_predictions", "check_dict_scatter_gather", "check_unwrap"]

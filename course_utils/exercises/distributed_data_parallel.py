@@ -135,7 +135,7 @@ def _scale(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float | None:
 
 def _try_answer(source: str, name: str, rank: int, world_size: int) -> dict[str, Any]:
     """In one worker: run one answer after a local backward and describe the gradients it leaves."""
-    from ..ddp_workers import error_message, global_batch, grads, local_slice, tiny_model
+    from ..distributed.ddp_demos import error_message, global_batch, grads, local_slice, tiny_model
 
     x, y = global_batch(_BATCH)
     ref = tiny_model()
@@ -261,7 +261,7 @@ def _grade(world_size: int, ranks: list[dict[str, Any]]) -> Verdict | None:
 def _grade_answers(answers: list[tuple[str, str]]) -> list[Verdict]:
     """Grade answers (source, function name) together: one launch per world size for all of them. An answer
     wrong on 2 processes is not run on 3."""
-    from ..launch import WorkerError, launch
+    from ..distributed.launch import WorkerError, launch
 
     verdicts: dict[int, Verdict] = {}
     for n in WORLD_SIZES:

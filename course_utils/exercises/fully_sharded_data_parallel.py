@@ -1,7 +1,7 @@
 """Checkers for notebook 08 (when the model does not fit). They run on the CPU, so every student gets feedback.
 
 Exercise 1 shards the states by the ZeRO stages with the bytes per parameter it is given; exercise 2 plans a
-job by its predicted peak (`course_utils.memory_plan`); exercise 3 resumes training in one process from a
+job by its predicted peak (`course_utils.memory.planner`); exercise 3 resumes training in one process from a
 sharded checkpoint of model and optimizer.
 
 The checkers of exercises 1 and 2 run the student's function on all their cases first, then name the mistake
@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from ..memory_plan import parameter_count, plan_memory
+from ..memory.planner import parameter_count, plan_memory
 from ..models import GPT, GPTConfig, token_batch
 from . import Verdict, exercise, fail, ok
 
@@ -536,7 +536,7 @@ def _plan_verdict(cfg: GPTConfig, w: int, budget: float, got: Plan | None, want:
 @exercise
 def check_memory_plan(fn: Callable[[GPTConfig, int, float], Plan | None]) -> Verdict:
     """Exercise: ``fn(cfg, world_size, budget_bytes)`` returns ``(stage, checkpointed)``, the least sharding
-    whose predicted need (`course_utils.memory_plan.plan_memory`: the peak, its margin and the CUDA context)
+    whose predicted need (`course_utils.memory.planner.plan_memory`: the peak, its margin and the CUDA context)
     fits (stage 0 before 1, 2, 3; activation checkpointing only when no stage fits without it), or None.
 
     The checker calls ``fn`` on the printed `PLAN_CASES` and then on three jobs it does not print, then names

@@ -2,7 +2,7 @@
 
 - `check_gpu_checkpoint_on_cpu`: a GPU training checkpoint (saved from a DataParallel model) loaded into a
   model on the CPU with plain PyTorch. In a notebook it also reads the cells run since the model was built,
-  to see whether a `course_utils.checkpoints` helper (which the exercise rules out),
+  to see whether a `course_utils.checkpoints.loading` helper (which the exercise rules out),
   ``torch.load(..., weights_only=False)`` or ``load_state_dict(..., strict=False)`` was used
   (``_answer_cells``); and it compares the version counters of the model's tensors with those of the same
   class freshly built, to tell weights never written from weights changed after loading (``_written``).
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoints import CheckpointError, find_state_dict, load_checkpoint, strip_prefixes
+from ..checkpoints.loading import CheckpointError, find_state_dict, load_checkpoint, strip_prefixes
 from . import Verdict, exercise, fail, ok
 
 __all__ = ["Deeper", "check_gpu_checkpoint_on_cpu", "check_two_prefix_repair"]
@@ -41,7 +41,7 @@ HELPERS = {  # helper -> (the steps of §1 it does, what plain PyTorch does in i
     "strip_prefixes": ("what the keys look like", "a new dict whose keys lose DataParallel's prefix at their "
                                                   "start"),
 }
-"""The `course_utils.checkpoints` helpers that exercise 1 rules out: it is about doing their steps by hand."""
+"""The `course_utils.checkpoints.loading` helpers that exercise 1 rules out: it is about doing their steps by hand."""
 
 
 # --- exercise 1: a GPU checkpoint into a model on the CPU ------------------------------------------
@@ -133,7 +133,7 @@ def _loads(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], list[
 def check_gpu_checkpoint_on_cpu(model: Any, path: str | os.PathLike[str], code: list[str] | None = None) -> Verdict:
     """Exercise: the GPU checkpoint at ``path`` loaded into ``model``, which is on the CPU, with plain PyTorch.
 
-    ``code``: the answer's cells, to look for a helper of `course_utils.checkpoints` (ruled out),
+    ``code``: the answer's cells, to look for a helper of `course_utils.checkpoints.loading` (ruled out),
     ``torch.load(..., weights_only=False)`` (a checkpoint of weights never needs it) and
     ``load_state_dict(..., strict=False)``; by default, in a notebook, `_answer_cells(model)`. Every tensor
     must equal the checkpoint's exactly (``torch.equal``), with the checkpoint's dtype, and the model must be
@@ -152,7 +152,7 @@ def check_gpu_checkpoint_on_cpu(model: Any, path: str | os.PathLike[str], code: 
     used = [h for h in HELPERS if h in {_name(c) for c in calls}]
     if used:
         names = " and ".join(used)
-        return fail(f"your code calls {', '.join(used)} from course_utils.checkpoints: the exercise asks you to "
+        return fail(f"your code calls {', '.join(used)} from course_utils.checkpoints.loading: the exercise asks you to "
                     "do its steps yourself.",
                     f"Which steps {'does' if len(used) == 1 else 'do'} {names} do for you? §1 names them: where "
                     "the tensors go, where the weights sit in the file, what the keys look like ("

@@ -5,7 +5,7 @@
 2. `check_recompile_fix`: `smoothed_loss` recompiles for every new smoothing value; a version that does not.
 3. `check_scheduled_replays`: a training step captured once in a CUDA graph and replayed while a learning-rate
    schedule runs, against eager steps with the schedule (on a GPU for real; on the CPU through
-   `course_utils.graph_standin`).
+   `course_utils.performance.cuda_graph_standin`).
 4. `check_loader_options`: ``DataLoader`` options that hide `SlowReads`' slow storage from a training loop,
    within a budget of processes and memory.
 """
@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..compiling import recompile_messages
-from ..graph_standin import cpu_cuda_graphs
-from ..input_pipeline import SlowReads
-from ..traces import CPU_ROW, GPU_ROW, STEP_ROW, Span, busy_fraction, host_waits, idle_gaps, read_trace
+from ..performance.compiling import recompile_messages
+from ..performance.cuda_graph_standin import cpu_cuda_graphs
+from ..performance.datasets import SlowReads
+from ..performance.traces import CPU_ROW, GPU_ROW, STEP_ROW, Span, busy_fraction, host_waits, idle_gaps, read_trace
 from . import Verdict, exercise, fail, ok
 
 __all__ = ["BOTTLENECKS", "MYSTERY_TRACE", "PEAK_LR", "REPLAYS", "WARM_UP", "LoaderBudget", "check_loader_options",
@@ -148,7 +148,7 @@ def check_profile_reading(answers: Mapping[str, Any], path: str | Path = MYSTERY
                     "each key is something section 1 measured on its own traces: how busy the GPU row is, where "
                     "the host waited for the GPU, what the host did while the GPU had nothing to do.",
                     "read the trace with read_trace(MYSTERY_TRACE) and use the functions section 1 imported "
-                    "from course_utils.traces on it.")
+                    "from course_utils.performance.traces on it.")
     truth = _truth(Path(path))
     busy = _number(answers["gpu_busy"])
     if busy is None or not 0 <= busy <= 1:

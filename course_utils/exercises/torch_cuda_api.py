@@ -12,7 +12,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from ..gpus import GpuMemory, NoGpuError, choose_gpus, logical_to_physical
+from ..hardware.gpus import GpuMemory, NoGpuError, choose_gpus, logical_to_physical
 from . import Verdict, exercise, fail, ok
 
 __all__ = [

@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..leaks import graph_memory
+from ..memory.leaks import graph_memory
 from . import Verdict, exercise, fail, ok
 
 # PyTorch documents __torch_dispatch__ modes with this class ("Extending PyTorch"), in a module whose name starts
-# with an underscore, which `import torch` has already loaded (as course_utils.graph_standin does).
+# with an underscore, which `import torch` has already loaded (as course_utils.performance.cuda_graph_standin does).
 TorchDispatchMode: Any = torch.utils._python_dispatch.TorchDispatchMode
 
 __all__ = ["CLASSES", "EXP_LIMIT", "UNLABELLED", "broken_histogram", "broken_label_loss", "broken_predict",

@@ -30,7 +30,7 @@ a margin for the caching allocator's rounding and fragmentation (`MemoryPlan.tot
 
 `measure_peak(cfg, ...)` measures the same step, phase by phase: on a CUDA GPU with the caching allocator's
 peak counter, on the CPU with the CPU allocator's running total (the profiler's memory events); stages 2 and 3
-with FSDP2 on a one-rank group (or each rank of a job that `course_utils.launch.launch` started:
+with FSDP2 on a one-rank group (or each rank of a job that `course_utils.distributed.launch.launch` started:
 `measure_rank`).
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from .models import GPT, GPTConfig, token_batch
+from ..models import GPT, GPTConfig, token_batch
 
 __all__ = ["ATTENTION", "CONTEXT_BYTES", "MARGIN", "MEASURED_PHASES", "MIXED_PRECISION", "PRECISIONS", "WORKSPACE_BYTES",
            "MemoryPlan", "Term", "cublas_workspace_bytes", "measure_peak", "measure_rank", "parameter_count",
@@ -433,11 +433,11 @@ class _CudaCounter:
 
 
 class _CpuCounter:
-    """Phase peaks from the CPU allocator's running total (`course_utils.memory_accounting.CpuAllocations`),
+    """Phase peaks from the CPU allocator's running total (`course_utils.memory.accounting.CpuAllocations`),
     counted from before the model was made."""
 
     def __init__(self) -> None:
-        from .memory_accounting import CpuAllocations
+        from .accounting import CpuAllocations
 
         gc.collect()
         self.peaks: dict[str, int] = {}
@@ -512,6 +512,6 @@ def _measure(cfg: GPTConfig, mixed: str, checkpointing: bool, stage: int, fused_
 
 
 def measure_rank(rank: int, world_size: int, cfg: GPTConfig, options: dict[str, Any]) -> dict[str, int]:
-    """`measure_peak` on one rank of a job that `course_utils.launch.launch` started (the process group is
+    """`measure_peak` on one rank of a job that `course_utils.distributed.launch.launch` started (the process group is
     joined): ``options`` are its keyword arguments. Each rank measures its own process's allocator."""
     return measure_peak(cfg, **options)

@@ -3,7 +3,7 @@ and 09 (a job that hangs).
 
 Processes started with the *spawn* (or *forkserver*) method do not inherit the notebook's memory: they
 unpickle the function they should run by its module and name, so that function must be importable.
-A function defined in a notebook cell is not; the lesson's workers live in `course_utils.ddp_workers`.
+A function defined in a notebook cell is not; the lesson's workers live in `course_utils.distributed.ddp_demos`.
 
 - `launch(fn, world_size, *args)` starts ``world_size`` processes on this machine, joins them into a
   gloo (or NCCL) process group over 127.0.0.1 on a free port, runs ``fn(rank, world_size, *args)`` in
@@ -53,7 +53,7 @@ def _context(start_method: str | None) -> Any:
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         # DistributedDataParallel imports torch._dynamo (seconds): do it once, in the server.
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "course_utils.ddp_workers"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "course_utils.distributed.ddp_demos"])
     return ctx
 
 

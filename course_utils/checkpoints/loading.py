@@ -9,7 +9,7 @@ from deep inside torch:
   refers to code the safe loader refuses, a whole model whose class is not importable) into a
   `CheckpointError` that names the file and says what to do. When ``torch.load`` fails, the file's
   structure (its zip archive, the instructions of its pickles) is read to say why; nothing is unpickled
-  (`course_utils.checkpoint_files`).
+  (`course_utils.checkpoints.diagnosis`).
 - `strip_prefixes(state_dict)` removes the ``module.`` (DataParallel, DistributedDataParallel) and
   ``_orig_mod.`` (``torch.compile``) prefixes at the start of keys, never inside a key.
 - `find_state_dict(obj)` finds the model weights in what a file held: a state_dict, a whole model, or a
@@ -40,7 +40,7 @@ from typing import Any, TypeGuard, Union
 import torch
 from torch import nn
 
-from .checkpoint_files import WeightFiles, problem_after_failed_load, problem_before_loading, weight_files
+from .diagnosis import WeightFiles, problem_after_failed_load, problem_before_loading, weight_files
 
 __all__ = [
     "CheckpointError",
@@ -81,7 +81,7 @@ def _check_map_location(map_location: MapLocation, name: str) -> None:
     """A device named in map_location must exist here: say so now, not deep inside the unpickler."""
     if not isinstance(map_location, str | torch.device):
         return
-    from .devices import available_devices
+    from ..devices import available_devices
 
     try:
         dev = torch.device(map_location)

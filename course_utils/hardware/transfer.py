@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 import torch
 
-from .formatting import format_bytes
-from .timing import Timing, benchmark
+from ..formatting import format_bytes
+from ..timing import Timing, benchmark
 
 __all__ = [
     "DIRECTIONS",

@@ -33,7 +33,7 @@ def _timed_steps(model: nn.Module, x: torch.Tensor, steps: int, warmup: int = 5)
     The number of steps per sample is fixed (no calibration), so that every DDP rank takes exactly the
     same number of steps: each one all-reduces gradients with the others.
     """
-    from .timing import benchmark
+    from ..timing import benchmark
 
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 

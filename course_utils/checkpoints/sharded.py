@@ -29,8 +29,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from .checkpoint_files import MESSAGES, checkpoint_folders, folder_contents, problem_before_loading
-from .checkpoints import CheckpointError
+from .diagnosis import MESSAGES, checkpoint_folders, folder_contents, problem_before_loading
+from .loading import CheckpointError
 
 __all__ = ["check_divisible", "check_sharded_checkpoint", "load_sharded", "save_sharded"]
 
@@ -40,7 +40,7 @@ _NOT_DCP = ("{folder} is not a torch.distributed.checkpoint (DCP) checkpoint: it
             "shard files.")
 _TORCH_FILES = (
     " It holds {count} file(s) written by torch.save: {files}. torch.load reads each whole: "
-    "course_utils.checkpoints.load_checkpoint(path) reads one safely onto the CPU; load_weights(model, path) loads "
+    "course_utils.checkpoints.loading.load_checkpoint(path) reads one safely onto the CPU; load_weights(model, path) loads "
     "model weights into a model, load_optimizer_state(optimizer, path) an optimizer's state into its optimizer. "
     "Into an FSDP2 model, on every rank, full state dicts go with set_model_state_dict(model, state_dict, "
     "options=StateDictOptions(full_state_dict=True)) and, for an optimizer state keyed by parameter names (as "

@@ -1,7 +1,7 @@
 """The workers of notebook 05 (DistributedDataParallel; notebook 09 prints their source): collectives, gradients three ways, and what
 production DDP needs (no_sync, BatchNorm and SyncBatchNorm, unused parameters, a hung rank, debug reports).
 
-Each runs in its own process, started by `course_utils.launch.launch` with the process group already set
+Each runs in its own process, started by `course_utils.distributed.launch.launch` with the process group already set
 up, and returns what it saw (printing from several processes would interleave at random). They live in a
 module because a spawned process imports the function it runs by name (notebook 05, §1);
 `print_source` shows them in the notebook.

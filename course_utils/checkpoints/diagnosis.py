@@ -1,4 +1,4 @@
-"""Notebook 06 (loading across devices), behind `course_utils.checkpoints.load_checkpoint`: what is wrong
+"""Notebook 06 (loading across devices), behind `course_utils.checkpoints.loading.load_checkpoint`: what is wrong
 with a checkpoint file that cannot be loaded, said so that a student knows what to do.
 
 Two questions, each answered by one public function that returns the message, or None:
@@ -17,7 +17,7 @@ Two questions, each answered by one public function that returns the message, or
 Each diagnosis is a problem kind with its details, and `MESSAGES` is the one table from kind to message.
 
 What a file or folder is, read from its first bytes, its zip entries or its file names (nothing is
-loaded), is public, for `course_utils.checkpoints` and `course_utils.sharded_checkpoints`:
+loaded), is public, for `course_utils.checkpoints.loading` and `course_utils.checkpoints.sharded`:
 `file_kind(path)`, `folder_contents(folder)`, `checkpoint_folders(folder)`, and `weight_files(path)` (the
 files that hold the weights of a safetensors file, an index of sharded weights, or a Hugging Face folder).
 """
@@ -285,7 +285,7 @@ _Diagnosis = tuple[_Problem, dict[str, str]]
 _AGAIN = "as after an interrupted save, copy or download. Save or download it again."
 _LEGACY = ("in the legacy serialisation format (PyTorch < 1.6, or torch.save(..., "
            "_use_new_zipfile_serialization=False))")
-_HF_ADVICE = ("course_utils.checkpoints.read_state_dict(path) reads them into one state_dict, and "
+_HF_ADVICE = ("course_utils.checkpoints.loading.read_state_dict(path) reads them into one state_dict, and "
               "load_weights(model, path) loads them into a model.")
 _IF_TRUSTED = ("If you trust the file (you or someone you trust saved it), load_checkpoint(path, "
                "trusted=True), which is torch.load(path, weights_only=False), loads it and runs whatever "
@@ -300,7 +300,7 @@ MESSAGES: dict[_Problem, str] = {
                "do: {folders}. Pass a file from one of them.",
     "dcp_folder":
         "{name} is a checkpoint written by torch.distributed.checkpoint (DCP): a folder with a .metadata file and "
-        "{count} shard file(s), not one file. course_utils.sharded_checkpoints.load_sharded(state_dict, path) loads "
+        "{count} shard file(s), not one file. course_utils.checkpoints.sharded.load_sharded(state_dict, path) loads "
         "it into a state_dict of the model it belongs to, in one process or several; "
         "torch.distributed.checkpoint.format_utils.dcp_to_torch_save(path, 'checkpoint.pt') writes it as one file "
         "that load_checkpoint reads.",
@@ -565,7 +565,7 @@ def _diagnose(path: Path, exc: Exception, trusted: bool) -> _Diagnosis:
     instruction by instruction and never unpickled."""
     said = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
     if "Attempting to deserialize object on" in said:
-        from .devices import available_devices
+        from ..devices import available_devices
 
         m = re.search(r"object on (?:a )?(\w+) device(?: (\d+))?", said)
         saved = (f"{m.group(1).lower()}:{m.group(2)}" if m and m.group(2)

@@ -1,6 +1,6 @@
 """Notebook 09 (when it breaks): a distributed job that hangs, and how to see where each rank waits.
 
-The workers run in processes of their own, started by `course_utils.launch.launch` with the process group
+The workers run in processes of their own, started by `course_utils.distributed.launch.launch` with the process group
 already joined (they live in a module: a spawned process imports the function it runs by name).
 
 - `uneven_epoch(rank, world_size, join, dump_after, slow_last_batch)`: DDP training where rank 0 has one
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .ddp_workers import error_message
+from .ddp_demos import error_message
 
 __all__ = ["BATCHES", "log_on_one_rank", "uneven_epoch", "where_it_waits"]
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .formatting import format_number
+from ..formatting import format_number
 
 __all__ = ["COLUMNS", "EXTRA_COLUMNS", "default_path", "format_reference_table", "load_reference_figures",
            "show_reference_figures"]
@@ -30,7 +30,7 @@ EXTRA_COLUMNS = (("ratio_range", "range over rounds", ".2f"), ("sm_clock_mhz", "
 
 def default_path() -> Path:
     """``course_utils/data/reference_figures.json`` inside the installed package."""
-    return Path(__file__).with_name("data") / "reference_figures.json"
+    return Path(__file__).parents[1] / "data" / "reference_figures.json"
 
 
 def load_reference_figures(path: str | Path | None = None) -> dict[str, Any] | None:

@@ -1,6 +1,5 @@
 """Notebook 03 (the torch.cuda API): which GPUs does this machine have, how much memory is free on each,
-and which should a job use? Notebooks 02, 03, 07 and 09 also use `run_python`, to show what happens in
-a fresh process (before CUDA starts, before anything was cached, or after a failed CUDA graph capture).
+and which should a job use?
 
 Choosing GPUs happens *before* CUDA starts in the process: ``CUDA_VISIBLE_DEVICES`` is read once, when
 CUDA initialises. So nothing here initialises CUDA in the caller. The free memory comes from
@@ -24,10 +23,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..subprocesses import run_python
 
 __all__ = [
     "CAPTURED_QUERY",
@@ -46,13 +46,12 @@ __all__ = [
     "pick_gpus",
     "query_nvidia_smi",
     "query_torch",
-    "run_python",
 ]
 
 QUERY = ["--query-gpu=index,memory.free,memory.total", "--format=csv,noheader,nounits"]
-CAPTURED_REPORT = Path(__file__).with_name("data") / "nvidia_smi_q_memory_h200.txt"
+CAPTURED_REPORT = Path(__file__).parents[1] / "data" / "nvidia_smi_q_memory_h200.txt"
 """``nvidia-smi -q -d Memory`` as printed on the course's GPU host (an H200), shipped with the package."""
-CAPTURED_QUERY = Path(__file__).with_name("data") / "nvidia_smi_query_h200.txt"
+CAPTURED_QUERY = Path(__file__).parents[1] / "data" / "nvidia_smi_query_h200.txt"
 """``nvidia-smi --query-gpu=index,name,memory.free,memory.total --format=csv,noheader,nounits`` there."""
 
 
@@ -297,31 +296,6 @@ def pick_gpus(n: int = 1, min_free_mib: int = 0, method: str = "auto") -> str:
 
 
 # --- plumbing for the notebook's subprocess demonstrations ------------------------------------------
-
-def run_python(code: str, env: Mapping[str, str | None] | None = None, timeout: float = 180.0) -> str:
-    """Run ``code`` in a fresh Python process and return what it printed (stdout, then stderr).
-
-    ``env`` changes the child's environment: a value sets a variable, ``None`` unsets it. A fresh
-    process is the only way to show what happens *before* CUDA initialises.
-    """
-    child = dict(os.environ)
-    for key, value in (env or {}).items():
-        if value is None:
-            child.pop(key, None)
-        else:
-            child[key] = value
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child,
-                             timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"(the child process did not finish within {timeout:.0f} s)\n"
-    text = out.stdout
-    if out.stderr.strip():
-        text += out.stderr
-    if out.returncode != 0:
-        text += f"(exit status {out.returncode})\n"
-    return text
-
 
 def captured_memory_report() -> str | None:
     """The ``nvidia-smi -q -d Memory`` text captured on the course's GPU host, or None if not shipped."""

@@ -1,7 +1,7 @@
 """Notebook 05 (DistributedDataParallel): a small, deterministic DDP training job, made to be launched
 by ``torchrun``.
 
-    torchrun --standalone --nproc-per-node=2 -m course_utils.ddp_train --steps 24 --checkpoint-dir DIR
+    torchrun --standalone --nproc-per-node=2 -m course_utils.distributed.ddp_train --steps 24 --checkpoint-dir DIR
 
 (``python -m torch.distributed.run`` is the same program as ``torchrun``.)
 
@@ -153,7 +153,7 @@ def find_latest_snapshot(directory: str | Path, log: Any = None) -> tuple[Path, 
 # --- the job ------------------------------------------------------------------------------------------
 
 def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m course_utils.ddp_train",
+    p = argparse.ArgumentParser(prog="python -m course_utils.distributed.ddp_train",
                                 description="Deterministic DDP training job for torchrun (see module doc).")
     p.add_argument("--steps", type=int, required=True, help="total optimizer steps")
     p.add_argument("--checkpoint-dir", required=True, help="folder for snapshots (shared by all nodes)")
@@ -249,8 +249,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     # Deterministic cuBLAS needs this before the first CUDA call (it does nothing on the CPU).
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if "RANK" not in os.environ:
-        sys.exit("course_utils.ddp_train is meant to be launched by torchrun, e.g.\n"
-                 "  torchrun --standalone --nproc-per-node=2 -m course_utils.ddp_train --steps 24 "
+        sys.exit("course_utils.distributed.ddp_train is meant to be launched by torchrun, e.g.\n"
+                 "  torchrun --standalone --nproc-per-node=2 -m course_utils.distributed.ddp_train --steps 24 "
                  "--checkpoint-dir /tmp/ckpt")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])

@@ -2,7 +2,7 @@
 
 `torchrun(...)` and `torchrun_two_nodes(...)` run ``python -m torch.distributed.run`` (the program behind
 the ``torchrun`` command) with a timeout, and return a `TorchrunResult`: what the job printed, its exit
-code and the final-weights hash rank 0 printed. The training script is `course_utils.ddp_train` (snapshots,
+code and the final-weights hash rank 0 printed. The training script is `course_utils.distributed.ddp_train` (snapshots,
 restarts), or a script file of your own (``script="train.py"``, the one notebook 05 writes).
 """
 
@@ -103,7 +103,7 @@ class TorchrunResult:
 
 def _program(script: str | None) -> list[str]:
     """What torchrun runs: a script file, or the course's training module."""
-    return [script] if script else ["-m", "course_utils.ddp_train"]
+    return [script] if script else ["-m", "course_utils.distributed.ddp_train"]
 
 
 def _torchrun_cmd(launcher_args: Sequence[str], train_args: Sequence[str], script: str | None = None) -> list[str]:
@@ -119,7 +119,7 @@ def _display(launcher_args: Sequence[str], train_args: Sequence[str], port: int 
 def _child_env() -> dict[str, str]:
     """The current environment (NCCL/multicast settings kept), with this package importable."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -160,7 +160,7 @@ def _keep_log(result: TorchrunResult) -> None:
 
 def torchrun(launcher_args: Sequence[str], train_args: Sequence[str], cwd: str | Path = ".",
              timeout: float = 120.0, script: str | None = None) -> TorchrunResult:
-    """Run ``torchrun LAUNCHER_ARGS -m course_utils.ddp_train TRAIN_ARGS`` and wait for it.
+    """Run ``torchrun LAUNCHER_ARGS -m course_utils.distributed.ddp_train TRAIN_ARGS`` and wait for it.
 
     With ``script`` (a path, relative to ``cwd``), run ``torchrun LAUNCHER_ARGS SCRIPT TRAIN_ARGS``
     instead. Uses ``python -m torch.distributed.run`` of this interpreter (no PATH set-up needed). The
