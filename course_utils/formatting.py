@@ -1,15 +1,27 @@
 """Notebooks 01, 02, 04 and 07 (and the helpers that print): numbers for people, durations, byte counts and
-table figures, one function each.
+table figures, one function each; and the text every helper's messages share.
 
 Every notebook prints through these (notebook 01 first), so a duration or a size reads the same in every
 lesson, and the sanitize file of the tests (``tests/nbval_sanitize.cfg``) knows the duration format.
+
+The shared text, one home each: `short_list` (a few names of many), `short_repr` (a value in a message),
+`strip_ansi` (terminal colours out of a tool's output), `LOG_PREFIX` (the glog prefix of C++ log lines,
+``I1205 10:01:02.123456 4242 file.cpp:42] ``) and `error_message` (an exception as one stable line).
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 
-__all__ = ["format_bytes", "format_number", "format_seconds"]
+__all__ = ["LOG_PREFIX", "error_message", "format_bytes", "format_number", "format_seconds", "short_list",
+           "short_repr", "strip_ansi"]
+
+LOG_PREFIX = re.compile(r"^[A-Z]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\] ")
+"""The glog-style prefix of a log line (c10d and torchrun; torch.compile's TORCH_LOGS, V for verbose): level,
+date, time, thread id, ``file:line]``."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def format_seconds(seconds: float) -> str:
@@ -41,3 +53,34 @@ def format_number(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return "–"
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def short_list(items: Sequence[str], limit: int = 8) -> str:
+    """Up to ``limit`` items joined by commas, then how many are left out: ``'a, b, ... (3 more)'``."""
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
+
+
+def short_repr(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters with ``'...'`` at the end when longer."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal colour codes (``ESC[31m`` and the like)."""
+    return _ANSI.sub("", text)
+
+
+def error_message(exc: BaseException, first_line: bool = False) -> str:
+    """``Type: message`` with what belongs to one build or machine taken out: a C++ source location
+    (``[/path/to/gloo/...cc:78] ``, which names the build's folders and changes with each release), a
+    peer's address and port (``[127.0.0.1]:4282``, shown as ``[127.0.0.1]:PORT``) and the long
+    ``TensorOptions(...)`` of a collective's fingerprint (shortened to ``TensorOptions(…)``). With
+    ``first_line``, only the message's first line."""
+    text = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\] ", "", str(exc))
+    text = re.sub(r"(\[[0-9A-Fa-f.:]+\]):\d+", r"\1:PORT", text)
+    text = re.sub(r"TensorOptions\((?:[^()]|\([^()]*\))*\)", "TensorOptions(…)", text).strip()
+    if first_line and text:
+        text = text.splitlines()[0]
+    return f"{type(exc).__name__}: {text}"

@@ -41,6 +41,8 @@ from typing import Any, BinaryIO, Literal, NamedTuple
 
 import torch
 
+from ..formatting import short_list, strip_ansi
+
 __all__ = ["MESSAGES", "FolderContents", "WeightFiles", "checkpoint_folders", "file_kind", "folder_contents",
            "problem_after_failed_load", "problem_before_loading", "weight_files"]
 
@@ -57,16 +59,13 @@ def _missing(path: Path) -> _Diagnosis:
     return "missing", {"close": f" Did you mean {said}?" if close else ""}
 
 
-def _listed(names: list[str], limit: int = 4) -> str:
-    return ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
-
 
 def _folder(path: Path) -> _Diagnosis:
     contents = folder_contents(path)
     if contents.dcp_metadata:
         return "dcp_folder", {"count": str(len(contents.dcp_shards))}
     if contents.dcp_shards:
-        return "dcp_partial", {"count": str(len(contents.dcp_shards)), "shards": _listed(contents.dcp_shards)}
+        return "dcp_partial", {"count": str(len(contents.dcp_shards)), "shards": short_list(contents.dcp_shards, 4)}
     weights = weight_files(path)
     if weights is not None and (contents.config or weights.index_file is not None):
         return "hf_folder", _hf_details(weights, contents.config)
@@ -83,11 +82,11 @@ def _folder(path: Path) -> _Diagnosis:
 def _hf_details(weights: WeightFiles, config: bool) -> dict[str, str]:
     if weights.index_file is not None:
         shards = [f.name for f in weights.files]
-        where = f"{weights.index_file.name} and the {len(shards)} file(s) it names ({_listed(shards, 3)})"
+        where = f"{weights.index_file.name} and the {len(shards)} file(s) it names ({short_list(shards, 3)})"
     else:
         where = weights.files[0].name
     missing = (f" Its index names {len(weights.missing)} file(s) that are not in the folder "
-               f"({_listed(weights.missing, 3)}): download or copy them into it first." if weights.missing else "")
+               f"({short_list(weights.missing, 3)}): download or copy them into it first." if weights.missing else "")
     what = ("a model folder in Hugging Face's layout (config.json and the weights)" if config
             else "a folder of weights in Hugging Face's layout")
     return {"what": what, "where": where, "missing": missing}
@@ -197,9 +196,9 @@ def checkpoint_folders(folder: Path) -> list[tuple[str, str]]:
         elif inside.dcp_shards:
             found.append((sub.name, "a half-written torch.distributed.checkpoint"))
         elif inside.torch_files:
-            found.append((sub.name, "torch.save files: " + _listed(inside.torch_files, 3)))
+            found.append((sub.name, "torch.save files: " + short_list(inside.torch_files, 3)))
         elif inside.other_weights:
-            found.append((sub.name, _listed(inside.other_weights, 3)))
+            found.append((sub.name, short_list(inside.other_weights, 3)))
     return found
 
 
@@ -563,7 +562,7 @@ def _imported_but_missing(glob: _Global) -> bool:
 def _diagnose(path: Path, exc: Exception, trusted: bool) -> _Diagnosis:
     """Why torch.load failed on ``path``: from the exception, and from the file's structure, which is read
     instruction by instruction and never unpickled."""
-    said = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    said = strip_ansi(str(exc)).strip()
     if "Attempting to deserialize object on" in said:
         from ..devices import available_devices
 
@@ -628,9 +627,9 @@ def problem_before_loading(path: Path, name: str, *, trusted: bool = False) -> s
         shards = [f.name for f in weights.files]
         one = len(weights.missing) == 1
         missing = (f" {len(weights.missing)} of them {'is' if one else 'are'} not in its folder "
-                   f"({_listed(weights.missing, 3)}): download or copy {'it' if one else 'them'} there first."
+                   f"({short_list(weights.missing, 3)}): download or copy {'it' if one else 'them'} there first."
                    if weights.missing else "")
-        found = "index", {"count": str(len(shards)), "shards": _listed(shards, 3), "missing": missing}
+        found = "index", {"count": str(len(shards)), "shards": short_list(shards, 3), "missing": missing}
     else:
         with open(path, "rb") as f:
             what = _sniff(f.read(64), path.stat().st_size)

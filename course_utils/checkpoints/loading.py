@@ -40,6 +40,7 @@ from typing import Any, TypeGuard, Union
 import torch
 from torch import nn
 
+from ..formatting import short_list
 from .diagnosis import WeightFiles, problem_after_failed_load, problem_before_loading, weight_files
 
 __all__ = [
@@ -262,7 +263,7 @@ def _read_weight_files(found: WeightFiles, name: str, device: str, trusted: bool
 
     if found.missing:
         raise CheckpointError(f"{name}: its index {found.index_file} names {len(found.missing)} file(s) that are not in "
-                              f"its folder: {_listing(found.missing, 4)}. Download or copy them there, then read "
+                              f"its folder: {short_list(found.missing, 4)}. Download or copy them there, then read "
                               "it again.")
     weights: dict[str, Any] = {}
     for file in found.files:
@@ -283,7 +284,7 @@ def _read_weight_files(found: WeightFiles, name: str, device: str, trusted: bool
     lost = [k for k in found.weight_map if k not in weights]
     if lost:
         raise CheckpointError(f"{name}: its index names {len(lost)} tensor(s) that its files do not hold: "
-                              f"{_listing(lost, 4)}. The files come from different saves: download them again.")
+                              f"{short_list(lost, 4)}. The files come from different saves: download them again.")
     return weights
 
 
@@ -326,10 +327,6 @@ def _model_device(model: nn.Module) -> torch.device:
     first = next(itertools.chain(model.parameters(), model.buffers()), None)
     return torch.device("cpu") if first is None else first.device
 
-
-def _listing(keys: list[str], limit: int = 8) -> str:
-    shown = ", ".join(keys[:limit])
-    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
 def _prefix_hint(missing: list[str], unexpected: list[str]) -> str:
@@ -409,9 +406,9 @@ def load_weights(model: nn.Module, source: Any, map_location: MapLocation = None
     if wrong or (strict and (missing or unexpected)):
         lines = [f"{name}{f' ({entry})' if entry else ''} does not fit {type(target).__name__}:"]
         if strict and missing:
-            lines.append(f"  missing in the checkpoint ({len(missing)}): {_listing(missing)}")
+            lines.append(f"  missing in the checkpoint ({len(missing)}): {short_list(missing)}")
         if strict and unexpected:
-            lines.append(f"  unexpected in the checkpoint ({len(unexpected)}): {_listing(unexpected)}")
+            lines.append(f"  unexpected in the checkpoint ({len(unexpected)}): {short_list(unexpected)}")
         if wrong:
             lines.append(f"  wrong shape ({len(wrong)}):")
             lines += [f"    {w}" for w in wrong[:8]] + ([f"    ... ({len(wrong) - 8} more)"] if len(wrong) > 8 else [])

@@ -29,6 +29,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from ..formatting import short_list
 from .diagnosis import MESSAGES, checkpoint_folders, folder_contents, problem_before_loading
 from .loading import CheckpointError
 
@@ -48,15 +49,12 @@ _TORCH_FILES = (
     "options=StateDictOptions(full_state_dict=True)), both from torch.distributed.checkpoint.state_dict.")
 
 
-def _listed(names: list[str], limit: int = 4) -> str:
-    return ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
-
 
 def _not_dcp(folder: Path, torch_files: list[str]) -> str:
     """What a folder without DCP's files holds instead, and how to load it."""
     said = _NOT_DCP.format(folder=folder)
     if torch_files:
-        return said + _TORCH_FILES.format(count=len(torch_files), files=_listed(torch_files))
+        return said + _TORCH_FILES.format(count=len(torch_files), files=short_list(torch_files, 4))
     folders = checkpoint_folders(folder)
     if folders:
         listed = "; ".join(f"{name} ({what})" for name, what in folders[:4]) + ("; ..." if len(folders) > 4 else "")
@@ -64,7 +62,7 @@ def _not_dcp(folder: Path, torch_files: list[str]) -> str:
     other = problem_before_loading(folder, str(folder)) or ""
     if " is a folder, not a checkpoint file." not in other:  # a folder load_checkpoint has more to say about
         return said + " " + other
-    return said + f" It holds {_listed(sorted(p.name for p in folder.iterdir()), 6)}."
+    return said + f" It holds {short_list(sorted(p.name for p in folder.iterdir()), 6)}."
 
 
 def check_sharded_checkpoint(path: str | os.PathLike[str]) -> Path:
@@ -85,7 +83,7 @@ def check_sharded_checkpoint(path: str | os.PathLike[str]) -> Path:
         if not contents.dcp_shards:
             raise CheckpointError(_not_dcp(folder, contents.torch_files))
         raise CheckpointError(MESSAGES["dcp_partial"].format(name=folder, count=len(contents.dcp_shards),
-                                                             shards=_listed(contents.dcp_shards)))
+                                                             shards=short_list(contents.dcp_shards, 4)))
     try:
         metadata = dcp.FileSystemReader(str(folder)).read_metadata()
     except Exception as exc:  # a damaged .metadata: any failure to read it is reported the same way

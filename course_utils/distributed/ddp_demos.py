@@ -10,7 +10,6 @@ module because a spawned process imports the function it runs by name (notebook 
 from __future__ import annotations
 
 import inspect
-import re
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -21,8 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..formatting import error_message
+
 __all__ = ["TwoHeads", "accumulate_gradients", "batchnorm_demo", "collectives_demo",
-           "compare_gradients", "error_message", "global_batch", "grads", "local_slice", "mismatched_collectives",
+           "compare_gradients", "global_batch", "grads", "local_slice", "mismatched_collectives",
            "print_source", "skip_a_collective", "tiny_model", "unused_parameters"]
 
 
@@ -109,16 +110,6 @@ def compare_gradients(rank: int, world_size: int) -> dict[str, Any]:
 
 
 # --- what production DDP needs ------------------------------------------------------------------------
-
-def error_message(exc: BaseException) -> str:
-    """``Type: message`` with what belongs to one build or machine taken out: a C++ source location
-    (``[/path/to/gloo/...cc:78] ``, which names the build's folders and changes with each release), a
-    peer's address and port (``[127.0.0.1]:4282``, shown as ``[127.0.0.1]:PORT``) and the long
-    ``TensorOptions(...)`` of a collective's fingerprint (shortened to ``TensorOptions(…)``)."""
-    text = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\] ", "", str(exc))
-    text = re.sub(r"(\[[0-9A-Fa-f.:]+\]):\d+", r"\1:PORT", text)
-    text = re.sub(r"TensorOptions\((?:[^()]|\([^()]*\))*\)", "TensorOptions(…)", text)
-    return f"{type(exc).__name__}: {text.strip()}"
 
 
 def _ddp(model: nn.Module, **kwargs: Any) -> nn.Module:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .ddp_demos import error_message
+from ..formatting import error_message
 
 __all__ = ["BATCHES", "log_on_one_rank", "uneven_epoch", "where_it_waits"]
 
@@ -59,7 +59,7 @@ def _watched(report: dict[str, Any], dump_after: float | None) -> Iterator[None]
         try:
             yield
         except RuntimeError as exc:
-            report["error"] = error_message(exc).splitlines()[0]
+            report["error"] = error_message(exc, first_line=True)
         finally:
             if dump_after is not None:
                 faulthandler.cancel_dump_traceback_later()

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..formatting import LOG_PREFIX
 from .ddp_train import HASH_PREFIX
 from .launch import free_port
 
@@ -34,7 +35,6 @@ def short_digest(digest: str | None, digits: int = 12) -> str:
 _LESSON_CRASH = re.compile(r"^\[rank \d+\] simulated crash")
 # torchrun's log lines about a failure: the first failed worker, the others being stopped, a restart.
 _TORCHRUN_FAILURE = re.compile(r"failed \(exitcode|closing signal|restart", re.IGNORECASE)
-_LOG_PREFIX = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ \S+\] ")
 _RANK_PREFIX = re.compile(r"^\[rank (\d+)\]")
 
 
@@ -67,8 +67,8 @@ class TorchrunResult:
         for line in self.stderr.splitlines():
             if _LESSON_CRASH.match(line):
                 keep.append(line)
-            elif _LOG_PREFIX.match(line) and _TORCHRUN_FAILURE.search(line):
-                line = _LOG_PREFIX.sub("", line)
+            elif LOG_PREFIX.match(line) and _TORCHRUN_FAILURE.search(line):
+                line = LOG_PREFIX.sub("", line)
                 line = re.sub(r"\(pid: \d+\)", "(pid: <PID>)", line)
                 line = re.sub(r"process \d+", "process <PID>", line)
                 line = re.sub(r"of binary: \S+", "of binary: python", line)

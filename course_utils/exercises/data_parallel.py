@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..distributed.data_parallel import chunk_sizes
+from ..formatting import short_repr
 from . import Verdict, exercise, fail, ok
 
 __all__ = ["CHUNK_CASES", "check_chunk_predictions", "check_dict_scatter_gather", "check_unwrap"]
@@ -25,10 +26,6 @@ CHUNK_CASES: tuple[tuple[int, int], ...] = ((16, 2), (16, 4), (9, 4), (10, 8), (
 
 _SPLIT_RULE = "section 4: how the batch splits"
 
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _whole_numbers(values: Any) -> list[int] | None:
@@ -126,7 +123,7 @@ def check_chunk_predictions(predictions: Any) -> Verdict:
                         "One int per chunk, in order, as in (16, 2): [8, 8].")
         sizes = _whole_numbers(got)
         if sizes is None:
-            return fail(f"({batch}, {gpus}): {_short(got)} is not a list of whole numbers.",
+            return fail(f"({batch}, {gpus}): {short_repr(got)} is not a list of whole numbers.",
                         "A chunk is a number of samples: what kind of number is that?",
                         "One int per chunk, in order, as in (16, 2): [8, 8].")
         want = chunk_sizes(batch, gpus)
@@ -144,7 +141,7 @@ def check_chunk_predictions(predictions: Any) -> Verdict:
         checked.append(key)
         sizes = _whole_numbers(got)
         if sizes is None:
-            return fail(f"{key} is not a case of the exercise, and its prediction {_short(got)} is not a list of "
+            return fail(f"{key} is not a case of the exercise, and its prediction {short_repr(got)} is not a list of "
                         "whole numbers.",
                         "A chunk is a number of samples: what kind of number is that?",
                         "Remove the cases the exercise does not ask about, or give one int per chunk, in order.")
@@ -164,7 +161,7 @@ def check_chunk_predictions(predictions: Any) -> Verdict:
 
 
 def _keys(keys: list[Any]) -> str:
-    return ", ".join(_short(k, 30) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+    return ", ".join(short_repr(k, 30) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
 
 
 # --- 7.2 unwrap -----------------------------------------------------------------------------------------
@@ -230,7 +227,7 @@ def check_unwrap(unwrap: Any) -> Verdict:
     subclass of it), and any other model as is: the same object, not a copy. It must leave the wrapper as it
     was (still holding the model)."""
     if not callable(unwrap):
-        return fail(f"expected a function, got {type(unwrap).__name__} {_short(unwrap, 40)}.",
+        return fail(f"expected a function, got {type(unwrap).__name__} {short_repr(unwrap, 40)}.",
                     "Pass the function itself, not its result.",
                     "check_unwrap(unwrap): no parentheses after the name.")
     inner, sub_inner = _Classifier(), _Classifier()
@@ -389,7 +386,7 @@ def _check_scatter(scatter_dict: Any, b: int, n: int, other_keys: bool) -> tuple
                     "Build new dicts for the chunks; do not pop, assign or modify in place the batch's "
                     "values."), []
     if not isinstance(chunks, (list, tuple)) or not all(isinstance(c, dict) for c in chunks):
-        return fail(f"{where} returned {type(chunks).__name__} {_short(chunks, 60)}, not a list of dicts.",
+        return fail(f"{where} returned {type(chunks).__name__} {short_repr(chunks, 60)}, not a list of dicts.",
                     "What does a replica receive: one dict, like the batch, with its part of the samples?",
                     "Return a list with one dict per chunk, each with the batch's keys."), []
     for i, chunk in enumerate(chunks):
@@ -403,7 +400,7 @@ def _check_scatter(scatter_dict: Any, b: int, n: int, other_keys: bool) -> tuple
                         "are."), []
         for k, v in batch.items():
             if k not in tensor_keys and not _same(chunk[k], v):
-                return fail(f"{where}: chunk {i}[{k!r}] is {_short(chunk[k], 40)}, the batch's is {v!r}.",
+                return fail(f"{where}: chunk {i}[{k!r}] is {short_repr(chunk[k], 40)}, the batch's is {v!r}.",
                             "What happens to a value that is not a tensor (a flag, a name)? (section 3, step 1)",
                             "Give every chunk the batch's value itself, unchanged."), []
         for k in tensor_keys:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..formatting import error_message
 from . import Verdict, exercise, fail, ok
 
 __all__ = ["check_average_gradients", "check_epoch_orders", "check_topology"]
@@ -135,7 +136,7 @@ def _scale(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float | None:
 
 def _try_answer(source: str, name: str, rank: int, world_size: int) -> dict[str, Any]:
     """In one worker: run one answer after a local backward and describe the gradients it leaves."""
-    from ..distributed.ddp_demos import error_message, global_batch, grads, local_slice, tiny_model
+    from ..distributed.ddp_demos import global_batch, grads, local_slice, tiny_model
 
     x, y = global_batch(_BATCH)
     ref = tiny_model()
@@ -156,7 +157,7 @@ def _try_answer(source: str, name: str, rank: int, world_size: int) -> dict[str,
         exec(compile(source, f"<your {name}>", "exec"), namespace)
         namespace[name](model)
     except Exception as exc:
-        return {"error": error_message(exc).splitlines()[0]}
+        return {"error": error_message(exc, first_line=True)}
     got = [p.grad for p in model.parameters()]
     none = sum(g is None for g in got)
     if none:

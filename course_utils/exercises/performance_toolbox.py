@@ -30,7 +30,16 @@ from torch.utils.data import DataLoader
 from ..performance.compiling import recompile_messages
 from ..performance.cuda_graph_standin import cpu_cuda_graphs
 from ..performance.datasets import SlowReads
-from ..performance.traces import CPU_ROW, GPU_ROW, STEP_ROW, Span, busy_fraction, host_waits, idle_gaps, read_trace
+from ..performance.traces import (
+    CPU_ROW,
+    GPU_ROW,
+    STEP_ROW,
+    Span,
+    busy_fraction,
+    host_waits,
+    idle_gaps,
+    read_trace,
+)
 from . import Verdict, exercise, fail, ok
 
 __all__ = ["BOTTLENECKS", "MYSTERY_TRACE", "PEAK_LR", "REPLAYS", "WARM_UP", "LoaderBudget", "check_loader_options",

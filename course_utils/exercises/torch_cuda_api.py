@@ -12,6 +12,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+from ..formatting import short_repr
 from ..hardware.gpus import GpuMemory, NoGpuError, choose_gpus, logical_to_physical
 from . import Verdict, exercise, fail, ok
 
@@ -23,10 +24,6 @@ __all__ = [
     "check_pick_gpus",
 ]
 
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -114,7 +111,7 @@ def check_logical_to_physical(fn: Callable[[str | None, int], Any]) -> Verdict:
     number of GPUs (already invalid), and an 8-GPU machine (so that a bound of 4 taken from the table fails).
     """
     if not callable(fn):
-        return fail(f"expected a function, got {type(fn).__name__} {_short(fn, 40)}.",
+        return fail(f"expected a function, got {type(fn).__name__} {short_repr(fn, 40)}.",
                     "Pass the function itself, not its result.",
                     "check_logical_to_physical(logical_to_physical): no parentheses after the name.")
     for visible, n, what in _VISIBLE_CASES:
@@ -136,13 +133,13 @@ def check_logical_to_physical(fn: Callable[[str | None, int], Any]) -> Verdict:
             return fail(raised, f"Case tested: {what}. Which rule of {_TABLE} applies to it?",
                         "Every entry of the string is either a valid id (0 <= id < n_gpus) or the end of the list.")
         if isinstance(got, dict):
-            return fail(f"{call} returned a dict {_short(got, 40)}, not a list.",
+            return fail(f"{call} returned a dict {short_repr(got, 40)}, not a list.",
                         "Element i of the list is the physical id of cuda:i: the position is the logical id.",
                         "Return a list such as [2, 3] for '2,3' (cuda:0 is physical 2, cuda:1 physical 3).")
         ids = _int_list(got)
         if ids is None:
             strings = isinstance(got, (list, tuple)) and any(isinstance(v, str) for v in got)
-            return fail(f"{call} returned {_short(got)}: "
+            return fail(f"{call} returned {short_repr(got)}: "
                         + ("strings, not ints." if strings else "not a list of ints."),
                         "A GPU id is a number; the variable's value is text. What type is each entry?",
                         "Turn each entry of the string into an int before putting it in the list.")
@@ -229,7 +226,7 @@ def check_memory_prediction(answer: Any) -> Verdict:
     try:
         pairs = [(float(a), float(r)) for a, r in answer]
     except (TypeError, ValueError):
-        return fail(f"expected a list of {n} pairs (allocated, reserved) in MiB, got {_short(answer)}.",
+        return fail(f"expected a list of {n} pairs (allocated, reserved) in MiB, got {short_repr(answer)}.",
                     "One pair per step, in the order of the steps.",
                     "prediction = [(allocated_1, reserved_1), (allocated_2, reserved_2), ...]: numbers in MiB.")
     if len(pairs) != n:
@@ -360,7 +357,7 @@ def check_pick_gpus(fn: Callable[[dict[int, int], int, int], Any]) -> Verdict:
     must not change the dict it is given.
     """
     if not callable(fn):
-        return fail(f"expected a function, got {type(fn).__name__} {_short(fn, 40)}.",
+        return fail(f"expected a function, got {type(fn).__name__} {short_repr(fn, 40)}.",
                     "Pass the function itself, not its result.",
                     "check_pick_gpus(pick_gpus): no parentheses after the name.")
     for free, n, need, what in _PICK_CASES:
@@ -400,7 +397,7 @@ def check_pick_gpus(fn: Callable[[dict[int, int], int, int], Any]) -> Verdict:
                             "Raise only when the job cannot get n GPUs with enough memory: is that so here?",
                             "Raise when the number of GPUs with enough memory is smaller than n, and only then.")
         if given != free:
-            return fail(f"{call} changed the dict it was given: afterwards it was {_short(given)}.",
+            return fail(f"{call} changed the dict it was given: afterwards it was {short_repr(given)}.",
                         "The caller still needs its table of free memory: should choosing GPUs change it?",
                         "Work on a sorted list of the ids (or a copy) instead of deleting from, or writing to, "
                         "free_mib.")
@@ -414,7 +411,7 @@ def check_pick_gpus(fn: Callable[[dict[int, int], int, int], Any]) -> Verdict:
                         "Raise an error (e.g. RuntimeError) that says how many GPUs qualify; returning fewer "
                         "ids, '' or None starts the job anyway.")
         if got is None or not isinstance(got, str):
-            return fail(f"{call} returned {type(got).__name__} {_short(got, 40)}, not a string.",
+            return fail(f"{call} returned {type(got).__name__} {short_repr(got, 40)}, not a string.",
                         "CUDA_VISIBLE_DEVICES is an environment variable: what type is its value?",
                         "Join the ids, as text, with commas: \"2,3\".")
         ids = _parse_ids(got)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..formatting import error_message
 from ..memory.leaks import graph_memory
 from . import Verdict, exercise, fail, ok
 
@@ -36,13 +37,11 @@ from . import Verdict, exercise, fail, ok
 # with an underscore, which `import torch` has already loaded (as course_utils.performance.cuda_graph_standin does).
 TorchDispatchMode: Any = torch.utils._python_dispatch.TorchDispatchMode
 
+
 __all__ = ["CLASSES", "EXP_LIMIT", "UNLABELLED", "broken_histogram", "broken_label_loss", "broken_predict",
            "broken_stable_loss", "check_histogram", "check_label_loss", "check_predict", "check_stable_loss",
            "classifier"]
 
-
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
 def _not_callable(fn: Any, name: str) -> Verdict | None:
@@ -219,7 +218,7 @@ def check_predict(predict: Callable[[nn.Module, list[torch.Tensor]], Any]) -> Ve
     except _Stop as stop:
         return stop.verdict
     except Exception as exc:  # the student's code: report, do not crash
-        return fail(f"predict raised {_error(exc)}.",
+        return fail(f"predict raised {error_message(exc, first_line=True)}.",
                     "run the function yourself on a few batches and read the error's last line.",
                     "the checker's batches have 64 rows each but the last, which has 37: does predict assume "
                     "a size?")
@@ -369,7 +368,7 @@ def _no_gradient(got: torch.Tensor, leaf: torch.Tensor, reference: torch.Tensor 
     try:
         got.backward()
     except Exception as exc:  # the student's graph: report, do not crash
-        return f"its backward() raised {_error(exc)}"
+        return f"its backward() raised {error_message(exc, first_line=True)}"
     if leaf.grad is None:
         return "backward() does not reach the logits"
     want = reference if reference is not None else torch.zeros_like(leaf)
@@ -452,7 +451,7 @@ def check_label_loss(label_loss: Callable[[torch.Tensor, torch.Tensor], Any]) ->
         try:
             got = label_loss(given_logits, given_labels)
         except Exception as exc:
-            return fail(f"on {what}, label_loss raised {_error(exc)}",
+            return fail(f"on {what}, label_loss raised {error_message(exc, first_line=True)}",
                         "the CPU names the bad value; what does that value mean in this data set?",
                         "-1 is UNLABELLED: a row nobody gave a class to. What should such a row teach the model?")
         for name, before, after in (("labels", labels, given_labels), ("logits", logits, given_logits.detach())):
@@ -571,7 +570,7 @@ def check_stable_loss(stable_loss: Callable[[torch.Tensor, torch.Tensor], Any]) 
                 got = stable_loss(x, target.clone())
         except Exception as exc:
             return fail(f"on {what} ({len(target)} rows of {logits.shape[1]} logits), stable_loss raised "
-                        f"{_error(exc)}", "run it on a batch of another size and read the error's last line.",
+                        f"{error_message(exc, first_line=True)}", "run it on a batch of another size and read the error's last line.",
                         "does a line assume the batch's size or the number of classes?")
         if (change := _changed("logits", logits, x.detach())) is not None:
             return fail(f"on {what}, {change}: the training step reads its logits again after the loss "
@@ -594,7 +593,7 @@ def check_stable_loss(stable_loss: Callable[[torch.Tensor, torch.Tensor], Any]) 
         try:
             got.backward()
         except Exception as exc:
-            return fail(f"on {what}, the backward of stable_loss raised {_error(exc)}",
+            return fail(f"on {what}, the backward of stable_loss raised {error_message(exc, first_line=True)}",
                         "a training step calls backward() on the loss: every operation must have a gradient.",
                         "detach(), .item() or a trip through NumPy cuts the graph: build the loss from the logits "
                         "with torch operations.")
@@ -729,7 +728,7 @@ def check_histogram(histogram: Callable[[torch.Tensor, int], Any]) -> Verdict:
             still_on = torch.are_deterministic_algorithms_enabled()
             warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         except Exception as exc:
-            return fail(f"with deterministic algorithms on, histogram raised {_error(exc)}",
+            return fail(f"with deterministic algorithms on, histogram raised {error_message(exc, first_line=True)}",
                         "the message names the operation; find one that both counts repeated ids and has a "
                         "deterministic implementation.", _COUNTING)
         finally:
@@ -885,7 +884,7 @@ def _off_the_cpu(histogram: Callable[[torch.Tensor, int], Any], ids: torch.Tenso
             cause = f"{op.group(1)} has no kernel for a device other than the CPU here"
         else:
             cause = "the function does not run on a device other than the CPU"
-        said = _error(exc)
+        said = error_message(exc, first_line=True)
         if len(said) > 160 and ". " in said:  # PyTorch's long messages: their first sentence says it
             said = said[:said.index(". ") + 1]
         return fail(f"the right counts on the CPU, but with the ids on another device (the checker's meta device, "

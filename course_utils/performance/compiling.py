@@ -40,11 +40,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..formatting import LOG_PREFIX, strip_ansi
+
 __all__ = ["PROBE_TIMEOUT_S", "AutotuneReport", "TunedProduct", "autotune_report", "compile_log", "compile_problem",
            "parse_autotune_log", "print_autotune_summary", "recompile_messages"]
 
-_PREFIX = re.compile(r"^[A-Z]\d{4} [\d:.]+ \d+ \S+\] (\[[^\]]*\] )*")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FRAME_IDS = re.compile(r"^(\[[^\]]*\] )*")
+"""After the glog prefix, torch.compile's log lines may carry frame ids such as ``[0/0] ``."""
 
 PROBE_TIMEOUT_S = 300.0
 """How long the test compile of `compile_problem` may take. With an empty Inductor cache it took 15-30 s on a
@@ -110,7 +112,7 @@ def _first_error(message: str, stderr: str) -> str:
     """The line of a failure that says what went wrong: the compiler's first error line when its output
     is there (in Inductor's message, after 'Output:', or on the test process's stderr), else the first line
     of the exception's message."""
-    message, stderr = _ANSI.sub("", message), _ANSI.sub("", stderr)
+    message, stderr = strip_ansi(message), strip_ansi(stderr)
     output = message.split("\nOutput:\n", 1)[1] if "\nOutput:\n" in message else ""
     for text in (output, stderr):
         for line in text.splitlines():
@@ -195,7 +197,7 @@ def _probe(device: str, timeout: float) -> str | None:
     else:  # the process died before it could report
         ended = (f"was killed by signal {-process.returncode}" if process.returncode < 0
                  else f"ended with exit code {process.returncode}")
-        last = [line.strip() for line in _ANSI.sub("", err).splitlines() if line.strip()]
+        last = [line.strip() for line in strip_ansi(err).splitlines() if line.strip()]
         first = f"the process {ended}" + (f"; its last words: {_shorten(last[-1])}" if last else "")
     stop = "" if first.endswith((".", "!", "?")) else "."
     advice = (_TOOLCHAIN if torch.device(device).type == "cpu" else _TRITON) + cache
@@ -215,7 +217,7 @@ def compile_log(**artifacts: bool) -> Iterator[list[str]]:
     finally:
         torch._logging.set_logs()
         for line in buffer.getvalue().splitlines():
-            text = _PREFIX.sub("", line)
+            text = _FRAME_IDS.sub("", LOG_PREFIX.sub("", line))
             if text[:1].isspace() and messages:  # an indented line continues the message before it
                 messages[-1] += "\n" + text
             else:
@@ -306,7 +308,7 @@ def parse_autotune_log(text: str) -> AutotuneReport:
                                                 block["seconds"]))
         block = None
 
-    lines = _ANSI.sub("", text).splitlines()
+    lines = strip_ansi(text).splitlines()
     i = 0
     while i < len(lines):
         line = lines[i]
