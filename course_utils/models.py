@@ -1,7 +1,10 @@
-"""The networks several places share: notebook 06 (loading across devices) and the tool that saved its
-GPU checkpoints (tools/make_gpu_checkpoints.py), notebooks 07 (the performance toolbox) and 08 (when the
-model does not fit), and the tests. One definition, so that a checkpoint saved from one always fits the other.
+"""The networks several places share: notebook 05 (DistributedDataParallel: its torchrun job and its
+workers, through `course_utils.distributed.ddp_train` and `course_utils.distributed.ddp_demos`), notebook 06
+(loading across devices) and the tool that saved its GPU checkpoints (tools/make_gpu_checkpoints.py),
+notebooks 07 (the performance toolbox) and 08 (when the model does not fit), and the tests. One definition,
+so that a checkpoint saved from one always fits the other, and a seeded network is the same everywhere.
 
+- `small_mlp`: notebook 05's network, 16 features → 32 → 1 with a ReLU (and, for the torchrun job, dropout).
 - `FooNet`: the 2019 lecture's network, three 3×3 linear layers without bias, each followed by a ReLU.
 - `TinyClassifier`: notebook 06's exercise network, 4 → 8 → 2.
 - `GPT`, `GPTConfig`, `token_batch`: notebook 07's model family, a small GPT-like stack of transformer
@@ -18,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["GPT", "Block", "FooNet", "GPTConfig", "TinyClassifier", "token_batch"]
+__all__ = ["GPT", "Block", "FooNet", "GPTConfig", "TinyClassifier", "small_mlp", "token_batch"]
 
 
 class FooNet(nn.Module):
@@ -32,6 +35,21 @@ class FooNet(nn.Module):
         for linear in self.linears:
             x = torch.relu(linear(x))
         return x
+
+
+def small_mlp(seed: int = 0, dropout: float | None = None) -> nn.Sequential:
+    """Notebook 05's small MLP: 16 features → 32 with a ReLU → 1, made after ``torch.manual_seed(seed)`` (which
+    it calls), so that every process that makes it gets the same weights.
+
+    ``dropout``: an ``nn.Dropout(dropout)`` after the ReLU (`course_utils.distributed.ddp_train`'s job, where
+    the RNG state then matters); left out, there is none, and one process and several compute exactly the
+    same function (`course_utils.distributed.ddp_demos`). Dropout has no weights and draws nothing when made:
+    the weights are the same either way, only the layer numbers of the last ``Linear`` differ (3 against 2)."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [nn.Linear(16, 32), nn.ReLU()]
+    if dropout is not None:
+        layers.append(nn.Dropout(dropout))
+    return nn.Sequential(*layers, nn.Linear(32, 1))
 
 
 class TinyClassifier(nn.Module):

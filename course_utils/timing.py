@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .devices import device_in_use, get_device
 from .formatting import format_seconds
 
 __all__ = ["Timing", "benchmark", "synchronize"]
@@ -57,28 +58,29 @@ class Timing:
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is not None:
-        dev = torch.device(device)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        return dev
-    # No device given: CUDA if this process has already started using it, else the CPU.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.device("cuda", torch.cuda.current_device())
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    """The device to wait for: the one named, checked (`get_device`), else where this process's work is
+    (`device_in_use`: CUDA once this process has used it, else mps, another accelerator, or the CPU)."""
+    return device_in_use() if device is None else get_device(device)
 
 
 def synchronize(device: str | torch.device | None = None) -> None:
-    """Wait until all queued work on ``device`` is done (no-op on the CPU)."""
-    dev = _resolve_device(device)
+    """Wait until all queued work on ``device`` is done (no-op on the CPU).
+
+    ``None`` means where this process's work is (`course_utils.devices.device_in_use`: CUDA if this process
+    has initialised it, else MPS or another accelerator if present, else the CPU). A named device must
+    exist here: `DeviceError` otherwise.
+    """
+    _wait(_resolve_device(device))
+
+
+def _wait(dev: torch.device) -> None:
+    """`synchronize` for a device already resolved (cheap enough to sit inside a timed sample)."""
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     elif dev.type == "mps":
         torch.mps.synchronize()
     elif dev.type != "cpu":
-        torch.accelerator.synchronize()
+        torch.accelerator.synchronize(dev)
 
 
 def _time_samples(fn: Callable[[], Any], dev: torch.device, number: int, repeat: int) -> list[float]:
@@ -98,11 +100,11 @@ def _time_samples(fn: Callable[[], Any], dev: torch.device, number: int, repeat:
                 times.append(start.elapsed_time(end) / 1e3 / number)
         return times
     for _ in range(repeat):
-        synchronize(dev)
+        _wait(dev)
         t0 = time.perf_counter()
         for _ in range(number):
             fn()
-        synchronize(dev)
+        _wait(dev)
         times.append((time.perf_counter() - t0) / number)
     return times
 
@@ -122,7 +124,8 @@ def benchmark(
 
     - ``device``: where ``fn`` does its work. CUDA is timed with CUDA events on the current stream,
       other devices with ``perf_counter`` after synchronising. ``None`` means CUDA if this process has
-      already initialised it, else MPS if present, else the CPU.
+      already initialised it, else MPS or another accelerator (XPU...) if present, else the CPU
+      (`course_utils.devices.device_in_use`). A named device must exist here: `DeviceError` otherwise.
     - ``warmup``: calls made and discarded first (library initialisation, kernel selection, caches).
     - ``repeat``: number of samples; the median and the interquartile range are over these.
     - ``number``: calls per sample; by default chosen so that one sample takes at least
@@ -141,7 +144,7 @@ def benchmark(
 
     for _ in range(warmup):
         call()
-    synchronize(dev)
+    _wait(dev)
     if number is None:
         # Calibrate: grow the number of calls until one sample is long enough to time reliably. A busy
         # machine can only make a sample slower (another process took the core for a while), never faster,

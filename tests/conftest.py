@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +83,16 @@ def _fresh_exercise_counts() -> None:
 
     exercises._failures.clear()
     exercises._last.clear()
+
+
+@pytest.fixture
+def global_settings_kept() -> Iterator[None]:
+    """The checkers set back the global settings an answer changes: after each test they are the defaults (and
+    are set back here only when a test failed before a checker could). The catalogues of notebooks 00, 01 and 02
+    use it for every test (``pytestmark = pytest.mark.usefixtures("global_settings_kept")``)."""
+    yield
+    changed = (torch.get_default_device(), torch.get_default_dtype(), torch.is_grad_enabled())
+    torch.set_default_device(None)
+    torch.set_default_dtype(torch.float32)
+    torch.set_grad_enabled(True)
+    assert changed == (torch.device("cpu"), torch.float32, True), f"left changed: {changed}"

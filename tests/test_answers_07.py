@@ -4,13 +4,15 @@ names the concept (never the solution's line), and right answers written differe
 solution, each accepted. CPU only (exercise 3 on the CPU stand-in of CUDA graphs; its last test runs real CUDA
 graphs when a GPU is there). 17 s (pytest's count) on a busy 2-core machine: the loader checker times two
 right answers (its wrong ones are rejected by arithmetic, without timing), the recompilation checker compiles
-a few times."""
+a few times. At the end, the checkers' first tests (from tests/test_performance_toolbox.py), and a test of what
+notebooks 06 and 07 say of model.compile() on an nn.Sequential."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,11 +20,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import ROOT, notebook_functions, notebook_solution
+from torch import nn
 
 from course_utils import exercises
-from course_utils.performance import traces
 from course_utils.exercises import Verdict
 from course_utils.exercises import performance_toolbox as ex
+from course_utils.performance import cuda_graph_standin as graph_standin
+from course_utils.performance import traces
 
 NB = "07_performance_toolbox"
 
@@ -351,7 +355,7 @@ LOADER_BITS = ("persistent_workers=True", "num_workers=4", "num_workers=3")
 def test_loader_notebook_answer_is_within_the_budget() -> None:
     options = _solution_names("loader_options =", {"check_loader_options": None})["loader_options"]
     assert options["num_workers"] <= ex.LoaderBudget.max_workers and options.get("persistent_workers")
-    # timed in tests/test_performance_toolbox.py; here the answers written otherwise are timed
+    # timed in test_loader_checker (at the end of this file); here the answers written otherwise are timed
 
 
 @pytest.mark.parametrize("options", [
@@ -398,3 +402,175 @@ def test_loader_ratio_exactly_on_the_budget(monkeypatch: pytest.MonkeyPatch) -> 
         verdict = ex.check_loader_options({"num_workers": 3, "persistent_workers": True})
         assert bool(verdict) is passes, (slow, instant, verdict)
     assert "more than the 1.3× budget" in verdict.message
+
+
+# --- the checkers' first tests (from tests/test_performance_toolbox.py) ---------------------------------------
+
+# (test_traces.py has these two too)
+def _trace(tmp_path: Path, events: list[dict]) -> Path:
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def _op(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+
+
+def test_profile_reading_checker() -> None:
+    spans = traces.read_trace(ex.MYSTERY_TRACE)
+    steps = sum(s.name.startswith("ProfilerStep#") for s in spans)
+    covered = ex._idle_time_by_span(spans)
+    right = {"gpu_busy": traces.busy_fraction(spans),
+             "host_waits_per_step": len(traces.host_waits(ex.MYSTERY_TRACE)) / steps,
+             "culprit": max(covered, key=covered.__getitem__), "bottleneck": "input pipeline"}
+    assert ex.check_profile_reading(right)
+    for key, value, expected in [("gpu_busy", right["gpu_busy"] + 0.1, "gpu_busy"),
+                                 ("host_waits_per_step", right["host_waits_per_step"] + 1, "host_waits_per_step"),
+                                 ("culprit", "aten::item", "another name covers more"), ("bottleneck", "host reads", "does not fit"),
+                                 ("bottleneck", "slow", "must be one of"), ("gpu_busy", None, "still None"),
+                                 ("gpu_busy", 0.0, "gpu_busy"),  # a GPU that never ran: within 0.02 of ~0.011
+                                 ("gpu_busy", right["gpu_busy"] * 1.5, "gpu_busy")]:
+        verdict = ex.check_profile_reading({**right, key: value})
+        assert not verdict and expected in verdict.message, (key, value, verdict)
+    assert right["gpu_busy"] < 0.05, "the mystery trace's GPU is nearly idle: the case the relative tolerance is for"
+    assert ex.check_profile_reading({**right, "gpu_busy": round(right["gpu_busy"], 3)})  # rounded, as people write it
+
+
+def test_profile_reading_checker_on_a_gpu_bound_trace(tmp_path: Path) -> None:
+    events = [_op("ProfilerStep#1", 0, 1000, cat="user_annotation"), _op("aten::mm", 10, 20),
+              _op("gemm", 20, 970, cat="kernel")]
+    path = _trace(tmp_path, events)
+    answers = {"gpu_busy": 1.0, "host_waits_per_step": 0, "culprit": "", "bottleneck": "GPU-bound"}
+    assert ex.check_profile_reading(answers, path)
+
+
+def _smoothed_by_hand(logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
+    log_probs = F.log_softmax(logits, dim=-1)
+    return (1 - smoothing) * F.nll_loss(log_probs, target) + smoothing * (-log_probs.mean(dim=-1)).mean()
+
+
+def test_recompile_checker() -> None:
+    assert ex.check_recompile_fix(notebook_solution(NB, "smoothed_loss_fixed"))
+    assert ex.check_recompile_fix(_smoothed_by_hand)
+    verdict = ex.check_recompile_fix(ex.smoothed_loss)
+    assert not verdict and "recompile limit" in verdict.message
+    verdict = ex.check_recompile_fix(lambda logits, target, s: F.cross_entropy(logits, target))
+    assert not verdict and "differ" in verdict.message
+
+    def not_compiled(logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
+        return torch.compiler.disable(ex.smoothed_loss)(logits, target, smoothing)
+
+    verdict = ex.check_recompile_fix(not_compiled)
+    assert not verdict and "captured no graph" in verdict.message
+
+    def tensor_smoothing(logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
+        return F.cross_entropy(logits, target, label_smoothing=torch.tensor(smoothing))
+
+    assert ex.check_recompile_fix(tensor_smoothing)
+
+
+def _capture() -> Any:
+    """Notebook 07's capture_step and the step it captures, as the notebook defines them."""
+    return notebook_functions(NB, ("step", "capture_step"), {"torch": torch, "F": F})["capture_step"]
+
+
+def test_scheduled_replays_checker_on_the_cpu_stand_in() -> None:
+    capture_step = _capture()
+    right = notebook_solution(NB, "make_optimizer")
+    verdict = ex.check_scheduled_replays(right, capture_step, device="cpu")
+    assert verdict, verdict.message
+
+    # the cell's optimizer: replays run, with the rate of the moment of capture
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=0.01, capturable=True), capture_step,
+                                         device="cpu")
+    assert not verdict and "all trained at 0.001, the rate when the step was captured" in verdict.message
+    assert "what does a replay read" in verdict.hint
+    fused = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=0.01, fused=True, capturable=True),
+                                       capture_step, device="cpu")
+    assert not fused and "the rate when the step was captured" in fused.message
+    # without capturable=True PyTorch refuses a step during capture on a GPU (fused or not): the checker says so
+    for options in ({}, {"foreach": False}, {"fused": True}):
+        verdict = ex.check_scheduled_replays(
+            lambda p, o=options: torch.optim.AdamW(p, lr=torch.tensor(0.01, device=p[0].device), **o),
+            capture_step, device="cpu")
+        assert not verdict and "capturable is False" in verdict.message and "step count" in verdict.hint
+    # a tensor rate with the fused or the foreach implementation follows the schedule too
+    for options in ({"fused": True, "capturable": True}, {"capturable": True, "foreach": True}):
+        assert ex.check_scheduled_replays(
+            lambda p, o=options: torch.optim.AdamW(p, lr=torch.tensor(0.01, device=p[0].device), **o),
+            capture_step, device="cpu")
+    # a rate in CPU memory whatever the parameters' device: right on the CPU only (found with meta parameters)
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=torch.tensor(0.01), capturable=True),
+                                         capture_step, device="cpu")
+    assert not verdict and "for parameters on PyTorch's meta device" in verdict.message
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.SGD(p, lr=torch.tensor(0.01)), capture_step,
+                                         device="cpu")
+    assert not verdict and "AdamW" in verdict.message
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=torch.tensor(0.1), capturable=True),
+                                         capture_step, device="cpu")
+    assert not verdict and "0.01" in verdict.message
+    verdict = ex.check_scheduled_replays(
+        lambda p: torch.optim.AdamW(p, lr=torch.tensor(0.01), capturable=True, weight_decay=0.5), capture_step,
+        device="cpu")
+    assert not verdict and "weight_decay is 0.5" in verdict.message
+
+    def no_warm_up(model, opt, static_x, static_y):  # AdamW's state made during capture: every replay remakes it
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = F.mse_loss(model(static_x), static_y)
+            loss.backward()
+            opt.step()
+        return graph, loss
+
+    assert not ex.check_scheduled_replays(right, no_warm_up, device="cpu")
+    assert not ex.check_scheduled_replays("not a function", capture_step, device="cpu")  # type: ignore[arg-type]
+    assert torch.cuda.CUDAGraph is not graph_standin.CpuGraph  # the stand-in is gone afterwards
+
+
+def test_loader_checker() -> None:
+    verdict = ex.check_loader_options({"num_workers": 0})
+    assert not verdict and "reads every batch itself" in verdict.message
+    verdict = ex.check_loader_options({"num_workers": 4})  # workers started and storage opened at every epoch
+    assert not verdict and "starting the workers again" in verdict.hint
+    verdict = ex.check_loader_options({"num_workers": 5})
+    assert not verdict and "the budget allows 4" in verdict.message
+    verdict = ex.check_loader_options({"num_workers": 4, "prefetch_factor": 8})
+    assert not verdict and "32 batches in flight" in verdict.message
+    assert not ex.check_loader_options({"batch_size": 4})
+    assert ex.check_loader_options({"num_workers": 4, "persistent_workers": True})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check)")
+def test_scheduled_replays_checker_with_real_cuda_graphs() -> None:
+    capture_step = _capture()
+    assert ex.check_scheduled_replays(notebook_solution(NB, "make_optimizer"), capture_step, device="cuda")
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=0.01, capturable=True), capture_step,
+                                         device="cuda")
+    assert not verdict and "same schedule." in verdict.message
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=0.01), capture_step, device="cuda")
+    assert not verdict and "captur" in verdict.message.lower()  # PyTorch refuses a non-capturable step in capture
+    # a rate in CPU memory: a replay cannot read it, so the graph keeps (or refuses) its value at capture
+    verdict = ex.check_scheduled_replays(lambda p: torch.optim.AdamW(p, lr=torch.tensor(0.01), capturable=True),
+                                         capture_step, device="cuda")
+    assert not verdict, "a CPU tensor rate followed the schedule on the GPU"
+
+
+# --- notebook-wide: what the notebooks say of PyTorch (from tests/test_performance_toolbox.py) ----------------
+
+def test_model_compile_on_nn_sequential_still_captures_nothing() -> None:
+    """Notebook 07 (section 3) and notebook 06 say that model.compile() on an nn.Sequential captures no graph
+    (pytorch/pytorch#150915). When a PyTorch release fixes it, this fails: update both notebooks' text."""
+    from torch._dynamo.utils import counters
+
+    for compile_in_place, expected in [(True, 0), (False, 1)]:
+        torch._dynamo.reset()
+        counters.clear()
+        net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        if compile_in_place:
+            net.compile(backend="eager")
+        else:
+            net = torch.compile(net, backend="eager")  # type: ignore[assignment]
+        net(torch.randn(2, 4))
+        assert counters["stats"]["unique_graphs"] == expected, "pytorch/pytorch#150915 changed: update notebook 07"
+    torch._dynamo.reset()

@@ -1,7 +1,8 @@
 """A catalogue of answers to notebook 09's exercises (course_utils.exercises.when_it_breaks), as a class would
 write them: plausible wrong answers, each rejected with a message that names its mistake and a hint that names
 the concept (never the solution's line), and right answers written differently from the notebook's solution,
-each accepted. CPU only; the whole file runs in a few seconds."""
+each accepted. CPU only; the whole file runs in a few seconds. At the end, the checkers' first tests (from
+tests/test_when_it_breaks.py), and a test of what notebooks 03 and 09 say of deterministic mode."""
 
 from __future__ import annotations
 
@@ -767,3 +768,179 @@ def test_predict_names_log_probabilities_and_one_hot_rows() -> None:
     one_hot = predict_with(lambda out: F.one_hot(out.argmax(1), out.shape[1]).float())
     verdict = ex.check_predict(one_hot)
     assert not verdict and "one-hot" in verdict.message
+
+
+# --- the checkers' first tests (from tests/test_when_it_breaks.py) --------------------------------------------
+
+def test_predict_checker():
+    assert ex.check_predict(notebook_solution(STEM, "predict"))
+    broken = ex.check_predict(ex.broken_predict)
+    assert not broken and "something random" in broken.message
+
+    def eval_only(model, batches):  # dropout off, but graphs still built and kept
+        model.eval()
+        return torch.cat([torch.softmax(model(x), dim=1) for x in batches])
+
+    verdict = ex.check_predict(eval_only)
+    assert not verdict and "still hold" in verdict.message and "graph_memory" in verdict.hint
+
+    def detach_each(model, batches):  # nothing kept at the end, but a graph per batch
+        model.eval()
+        return torch.cat([torch.softmax(model(x), dim=1).detach() for x in batches])
+
+    verdict = ex.check_predict(detach_each)
+    assert not verdict and "still builds a graph" in verdict.message
+
+    def one_row(model, batches):
+        return torch.zeros(3)
+
+    assert "expected a tensor of shape" in ex.check_predict(one_row).message
+    assert not ex.check_predict(42)
+
+    def grad_never_restored(model, batches):  # right values, but autograd stays off for the caller
+        model.eval()
+        torch.set_grad_enabled(False)
+        out = torch.cat([torch.softmax(model(x), dim=1) for x in batches])
+        model.train()
+        return out
+
+    verdict = ex.check_predict(grad_never_restored)
+    assert not verdict and "still switched off" in verdict.message
+    assert torch.is_grad_enabled(), "the checker gives the caller its grad mode back"
+
+    def left_in_eval(model, batches):
+        model.eval()
+        with torch.no_grad():
+            return torch.cat([torch.softmax(model(x), dim=1) for x in batches])
+
+    verdict = ex.check_predict(left_in_eval)
+    assert not verdict and "evaluation mode" in verdict.message
+
+    def inference_mode(model, batches):
+        was = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                return torch.cat([torch.softmax(model(x), dim=1) for x in batches])
+        finally:
+            model.train(was)
+
+    assert ex.check_predict(inference_mode)
+
+
+def test_label_loss_checker():
+    assert ex.check_label_loss(notebook_solution(STEM, "label_loss", {"UNLABELLED": ex.UNLABELLED}))
+    assert ex.check_label_loss(lambda logits, labels: F.cross_entropy(logits[labels >= 0], labels[labels >= 0]))
+    verdict = ex.check_label_loss(ex.broken_label_loss)
+    assert not verdict and "IndexError: Target -1 is out of bounds." in verdict.message
+    assert "what does that value mean" in verdict.hint
+    default_ignore = ex.check_label_loss(lambda logits, labels: F.cross_entropy(logits, labels, ignore_index=-100))
+    assert not default_ignore and "Target -1" in default_ignore.message
+    clamp = ex.check_label_loss(lambda logits, labels: F.cross_entropy(logits, labels.clamp(min=0)))
+    assert not clamp and "train as class 0" in clamp.message
+    wrap = ex.check_label_loss(lambda logits, labels: F.cross_entropy(logits, labels % ex.CLASSES))
+    assert not wrap and "wraps around" in wrap.message
+
+    def over_every_row(logits, labels):  # the unlabelled rows' losses zeroed, but still counted in the mean
+        losses = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+        return (losses * (labels >= 0)).mean()
+
+    verdict = ex.check_label_loss(over_every_row)
+    assert not verdict and "divided by every row" in verdict.message
+
+    def only_when_present(logits, labels):  # a fix applied only to batches that hold -1: right, by design
+        if (labels == -1).any():
+            return F.cross_entropy(logits, labels, ignore_index=-1)
+        return F.cross_entropy(logits, labels)
+
+    assert ex.check_label_loss(only_when_present)
+    shifted = ex.check_label_loss(lambda logits, labels: F.cross_entropy(F.pad(logits, (1, 0)), labels + 1))
+    assert not shifted and "expected" in shifted.message
+
+
+def test_stable_loss_checker():
+    assert ex.check_stable_loss(notebook_solution(STEM, "stable_loss"))
+    assert ex.check_stable_loss(lambda logits, target: F.cross_entropy(logits, target))
+    verdict = ex.check_stable_loss(ex.broken_stable_loss)
+    assert not verdict and "logits up to 200" in verdict.message and "set_detect_anomaly" in verdict.hint
+
+    def clamped(logits, target):  # no NaN, but other values
+        return ex.broken_stable_loss(logits.clamp(max=30), target)
+
+    verdict = ex.check_stable_loss(clamped)
+    assert not verdict and "the cross-entropy is" in verdict.message
+
+    def nan_to_num(logits, target):  # a finite loss hiding a NaN gradient
+        return torch.nan_to_num(ex.broken_stable_loss(logits, target), nan=0.0)
+
+    verdict = ex.check_stable_loss(nan_to_num)
+    assert not verdict and "gradient is not" in verdict.message
+
+
+def test_histogram_checker():
+    assert ex.check_histogram(notebook_solution(STEM, "histogram"))
+    assert ex.check_histogram(lambda ids, bins: torch.zeros(bins, device=ids.device).index_add_(
+        0, ids, torch.ones(len(ids), device=ids.device)))
+    cpu_only = ex.check_histogram(lambda ids, bins: torch.zeros(bins).index_add_(0, ids, torch.ones(len(ids))))
+    assert not cpu_only and "a tensor made on the CPU" in cpu_only.message
+    assert not torch.are_deterministic_algorithms_enabled(), "the checker restores the setting"
+    verdict = ex.check_histogram(ex.broken_histogram)
+    assert not verdict and "put_ does not have a deterministic implementation" in verdict.message
+
+    def overwrite(ids, bins):  # warn_only-style: no error, wrong counts
+        counts = torch.zeros(bins)
+        counts[ids] = 1.0
+        return counts
+
+    assert "overwrites" in ex.check_histogram(overwrite).message
+
+    def switch_off(ids, bins):
+        torch.use_deterministic_algorithms(False)
+        return torch.bincount(ids, minlength=bins).float()
+
+    assert "switched deterministic algorithms off" in ex.check_histogram(switch_off).message
+
+    def put_accumulate(ids, bins):  # right on the CPU; refused on a CUDA tensor in deterministic mode
+        return torch.zeros(bins).put_(ids, torch.ones(len(ids)), accumulate=True)
+
+    verdict = ex.check_histogram(put_accumulate)
+    assert not verdict and "put_ as called here raises on a CUDA tensor" in verdict.message
+    histc = ex.check_histogram(lambda ids, bins: torch.histc(ids.float(), bins=bins, min=0, max=bins - 1))
+    assert not histc and "histc" in histc.message
+    weights = ex.check_histogram(lambda ids, bins: torch.bincount(ids, weights=torch.ones(len(ids)), minlength=bins))
+    assert not weights and "bincount" in weights.message
+    no_minlength = ex.check_histogram(lambda ids, bins: torch.bincount(ids).float())
+    assert not no_minlength and "leave the last bins empty" in no_minlength.message
+    assert "expected a tensor of 10 counts" in ex.check_histogram(lambda ids, bins: torch.bincount(ids).float()[:5]).message
+    assert ex.check_histogram(lambda ids, bins: F.one_hot(ids, bins).sum(0).float())
+    assert not torch.are_deterministic_algorithms_enabled()
+
+    def warn_only(ids, bins):
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return torch.bincount(ids, minlength=bins).float()
+
+    assert "warnings only" in ex.check_histogram(warn_only).message
+    torch.use_deterministic_algorithms(False, warn_only=True)  # a caller's warn_only survives the checker
+    try:
+        ex.check_histogram(notebook_solution(STEM, "histogram"))
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("name", ["predict", "label_loss", "stable_loss", "histogram"])
+def test_the_notebook_stubs_start_broken(name):
+    """The exercise cells hand in the broken function: it must fail its checker."""
+    checker = getattr(ex, f"check_{name}")
+    broken = getattr(ex, f"broken_{name}")
+    assert not checker(broken)
+
+
+# --- notebook-wide: what notebooks 03 and 09 say of PyTorch (from tests/test_when_it_breaks.py) ---------------
+
+def test_deterministic_mode_no_longer_documents_cublas_workspace_config():
+    """Notebooks 03 and 09 say: up to PyTorch 2.9 deterministic mode required CUBLAS_WORKSPACE_CONFIG, and from
+    2.10 on neither the check nor its mention in the docstring remains (pytorch/pytorch#161749)."""
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    mentions = "CUBLAS_WORKSPACE_CONFIG" in (torch.use_deterministic_algorithms.__doc__ or "")
+    assert mentions == (version < (2, 10)), f"PyTorch {torch.__version__}: the docstring mentions it: {mentions}"

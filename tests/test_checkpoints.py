@@ -404,6 +404,54 @@ def test_map_location_naming_a_missing_device(saved):
         load_checkpoint(saved, map_location="gpu")
 
 
+def _stored_error(stem: str, source: str) -> str:
+    """The message of the error a notebook's cell with this source shows in its stored output."""
+    import json
+
+    for cell in json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] == "code" and "".join(cell["source"]) == source:
+            return next(o["evalue"] for o in cell["outputs"] if o["output_type"] == "error")
+    raise LookupError(f"notebooks/{stem}.ipynb has no cell {source!r}")
+
+
+def test_map_location_message_is_the_one_notebook_06_shows(saved, tmp_path, monkeypatch):
+    """On a machine with only a CPU (as course_utils.devices sees it), the message is word for word the
+    one notebook 06 shows."""
+    import course_utils.devices as devices
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(devices, "_mps_available", lambda: False)
+    monkeypatch.setattr(devices, "_other_accelerator", lambda: None)
+    (tmp_path / "data").mkdir()
+    saved.rename(tmp_path / "data" / "06_foonet_cuda0.pt")
+    monkeypatch.chdir(tmp_path)
+    cell = 'load_checkpoint("data/06_foonet_cuda0.pt", map_location="cuda:1")'
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint("data/06_foonet_cuda0.pt", map_location="cuda:1")
+    assert message(e) == _stored_error("06_loading_across_devices", cell)
+
+
+def test_map_location_devices_are_checked_by_course_utils_devices(saved, monkeypatch):
+    """The rules are get_device's: each accelerator's count, one CPU, one MPS device; the device as resolved
+    there (spaces trimmed) goes to torch.load."""
+    import course_utils.devices as devices
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(devices, "_mps_available", lambda: False)
+    monkeypatch.setattr(devices, "_other_accelerator", lambda: ("xpu", 2))
+    for missing in ("xpu:2", "cuda", "mps", "cpu:1"):
+        with pytest.raises(CheckpointError, match=r"names a device this machine does not have \(it has xpu:0, "
+                                                  r"xpu:1, cpu\)"):
+            load_checkpoint(saved, map_location=missing)
+    for not_a_device in ("gpu", "", "cuda:x"):
+        with pytest.raises(CheckpointError, match="is not a device. Use 'cpu', 'cuda'"):
+            load_checkpoint(saved, map_location=not_a_device)
+    state = load_checkpoint(saved, map_location=" cpu ")
+    assert {t.device.type for t in state.values()} == {"cpu"}
+    with pytest.raises(CheckpointError, match="map_location='cuda' names a device"):
+        load_weights(FooNet(), saved, map_location="cuda")
+
+
 @pytest.mark.parametrize("where", ["cpu", torch.device("cpu"), {"cuda:0": "cpu"},
                                    lambda storage, loc: storage, None])
 def test_map_location_forms(saved, where):
@@ -488,6 +536,19 @@ def test_load_weights_hints_at_an_unknown_prefix(saved):
     state = {"backbone." + k: v for k, v in load_checkpoint(saved).items()}
     with pytest.raises(CheckpointError, match="carry the prefix 'backbone.'"):
         load_weights(FooNet(), state)
+
+
+def test_load_weights_warning_points_at_the_callers_line(saved, tmp_path):
+    """Which of several sets of weights was taken is said at the line that called load_weights (or
+    find_state_dict), not inside course_utils."""
+    weights = load_checkpoint(saved)
+    both = {"state_dict": weights, "ema": weights}
+    torch.save(both, tmp_path / "both.pt")
+    for call in (lambda: load_weights(FooNet(), both), lambda: load_weights(FooNet(), tmp_path / "both.pt"),
+                 lambda: find_state_dict(both)):
+        with pytest.warns(UserWarning, match=r"took the model weights from checkpoint\['state_dict'\]") as got:
+            call()
+        assert [Path(w.filename).name for w in got] == [Path(__file__).name]
 
 
 def test_load_weights_bad_arguments(saved):

@@ -17,7 +17,6 @@ import torch
 from safetensors.torch import load_file, save_file, save_model
 from torch import nn
 
-from course_utils.performance import compiling
 from course_utils.checkpoints.loading import (
     CheckpointError,
     find_state_dict,
@@ -28,6 +27,7 @@ from course_utils.checkpoints.loading import (
     strip_prefixes,
 )
 from course_utils.models import FooNet
+from course_utils.performance import compiling
 
 
 class Net(nn.Module):

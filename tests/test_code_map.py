@@ -100,3 +100,17 @@ def test_no_private_names_imported(path: Path) -> None:
         elif isinstance(node, ast.Import):
             bad += [a.name for a in node.names if any(part.startswith("_") for part in a.name.split("."))]
     assert not bad, f"{path.name} imports private names: {bad}"
+
+
+def test_an_install_ships_every_subpackage() -> None:
+    """pyproject.toml's package list finds every folder of the package (a plain ``pip install .`` would
+    otherwise leave a subpackage out, which an editable install hides)."""
+    import tomllib
+    from setuptools import find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    shipped = set(find_packages(str(ROOT), include=include))
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")
+               if "__pycache__" not in p.parts}
+    assert shipped == folders, f"shipped {sorted(shipped)}, package folders {sorted(folders)}"

@@ -4,6 +4,10 @@ in time, a damaged Inductor cache; each reported with its real first line, and t
 Inductor on Linux compiles CPU kernels with $CXX (else g++), after checking that `$CXX --version` runs
 (torch._inductor.cpp_builder.get_cpp_compiler). A fake compiler first on that path really breaks the compile.
 Triton builds its CUDA launcher with $CC (else gcc or clang): the CUDA test does the same with $CC.
+
+At the end, the rest of the module (from tests/test_performance_toolbox.py): compile_problem's quick answer
+where no compiler is found, recompile_messages, and the report of what max-autotune tuned (parse_autotune_log,
+autotune_report, print_autotune_summary).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import torch
 
 from course_utils.performance import compiling
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the fake compilers are shell scripts")
+# The tests of the test compile run where a shell script can stand in for a compiler (the tests of the rest of
+# the module, at the end of the file, run everywhere).
+posix_only = pytest.mark.skipif(sys.platform == "win32", reason="the fake compilers are shell scripts")
 
 COMPILE_FAILS = "/tmp/include/cpp_prefix.h:3:10: fatal error: omp.h: No such file or directory"
 DOES_NOT_RUN = "g++: fatal error: cannot execute 'cc1plus': execvp: No such file or directory"
@@ -53,6 +59,7 @@ def _real(*names: str) -> str:
     return found
 
 
+@posix_only
 @pytest.mark.slow
 @pytest.mark.parametrize(("runs", "error"), [(True, COMPILE_FAILS), (False, DOES_NOT_RUN)],
                          ids=["compile-fails", "compiler-does-not-run"])
@@ -73,6 +80,7 @@ def test_a_broken_cpu_toolchain_is_reported_with_its_first_error_line(tmp_path: 
     assert compiling.compile_problem("cpu") is None
 
 
+@posix_only
 @pytest.mark.slow
 def test_a_compile_that_does_not_finish_in_time_and_a_damaged_cache(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,6 +111,7 @@ def test_a_compile_that_does_not_finish_in_time_and_a_damaged_cache(tmp_path: Pa
     assert compiling.compile_problem("cpu") is None
 
 
+@posix_only
 def test_the_quick_checks_come_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
@@ -113,6 +122,7 @@ def test_the_quick_checks_come_first(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "CUDA is not available here" in (compiling.compile_problem("cuda") or "")
 
 
+@posix_only
 def test_the_first_error_line() -> None:
     inductor = ("CppCompileError: C++ compile error\n\nCommand:\ng++ x.cpp -o x.so\n\nOutput:\n"
                 "In file included from x.cpp:1:\n\x1b[01mx.h:3:10: fatal error: omp.h: No such file\x1b[m\n"
@@ -124,6 +134,7 @@ def test_the_first_error_line() -> None:
         "RuntimeError: Found no NVIDIA driver on your system."
 
 
+@posix_only
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_compiles_or_names_what_breaks_triton(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert compiling.compile_problem("cuda") is None
@@ -140,3 +151,68 @@ def test_cuda_compiles_or_names_what_breaks_triton(tmp_path: Path, monkeypatch: 
     compiling._probe.cache_clear()
     assert compiling.compile_problem("cuda") is None
     assert os.environ["CC"] == real
+
+
+# --- the rest of course_utils.performance.compiling (from tests/test_performance_toolbox.py) ------------------
+
+def test_compile_problem_without_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    message = compiling.compile_problem("cpu")
+    assert message and "C++ compiler" in message and "apt-get install g++" in message
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(compiling, "_probe", lambda device, timeout: None)  # the test compile: the tests above
+    assert compiling.compile_problem("cpu") is None
+    assert "this notebook compiles for the CPU and CUDA only" in (compiling.compile_problem("meta") or "")
+
+
+def test_recompile_messages_are_collected_without_log_prefixes() -> None:
+    torch._dynamo.reset()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin().sum()
+
+    compiled = torch.compile(f, backend="eager", dynamic=False)
+    with compiling.recompile_messages() as messages:
+        for n in (3, 5, 7):
+            compiled(torch.randn(n))
+    assert len(messages) == 2
+    assert messages[0].startswith("Recompiling function f") and "expected 3, actual 5" in messages[0]
+    torch._dynamo.reset()
+
+
+# --- what max-autotune tuned -------------------------------------------------------------------------------
+
+AUTOTUNE_LOG = Path(__file__).parent / "data" / "autotune_log.txt"  # from a recording of notebook 07 on an H200
+
+
+def test_autotune_log_is_read_into_products(capsys: pytest.CaptureFixture[str]) -> None:
+    report = compiling.parse_autotune_log(AUTOTUNE_LOG.read_text())
+    assert [(p.op, p.product, p.winner, p.winner_kind) for p in report.products] == [
+        ("addmm", "16368×1024 @ 1024×3072", "bias_addmm", "ATen (cuBLAS)"),
+        ("addmm", "16368×1024 @ 1024×1024", "bias_addmm", "ATen (cuBLAS)"),
+        ("addmm", "16368×1024 @ 1024×1024", "triton_mm_117", "Triton template")]  # the cut-off block is left out
+    first = report.products[0]
+    assert first.timings[:2] == (("bias_addmm", 0.1444), ("triton_mm_17", 0.1768)) and len(first.timings) == 10
+    assert first.best_triton == ("triton_mm_17", 0.1768)
+    assert first.seconds == pytest.approx(0.8010 + 3.0297)
+    assert report.products[2].timings[4] == ("bias_addmm", 0.08)
+    # nothing is lost: the warning and the JSON statistics are kept as they were
+    assert report.other_lines[0].startswith("torch/_inductor/select_algorithm.py:3686: UserWarning")
+    assert sum(line == "Autotune Choices Stats:" for line in report.other_lines) == 4
+    compiling.print_autotune_summary(report)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "3 matrix products tuned (2 distinct), 5 s of benchmarking and precompiling; times in ms"
+    assert out[2].split() == ["addmm", "16368×1024", "@", "1024×3072", "bias_addmm", "0.1444", "triton_mm_17", "0.1768"]
+    assert out[-1] == "won by: ATen (cuBLAS) 2, Triton template 1"
+
+
+def test_autotune_report_of_nothing_and_of_other_text(capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    with compiling.autotune_report() as report:
+        sys.stderr.write("\x1b[31mnot a tuning block\x1b[0m\nAUTOTUNE mm(2x3, 3x4)\n  mm 0.0100 ms 100.0%\n")
+    assert report.other_lines == ["not a tuning block"]
+    assert [(p.product, p.winner, p.seconds) for p in report.products] == [("2×3 @ 3×4", "mm", None)]
+    compiling.print_autotune_summary(compiling.AutotuneReport())
+    assert capsys.readouterr().out == "max-autotune tuned no matrix product (nothing in its report)\n"

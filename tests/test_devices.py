@@ -127,3 +127,47 @@ def test_accelerator_type_is_the_one_probe(monkeypatch):
     assert devices._other_accelerator() == ("xpu", 3)
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("mps"))
     assert devices._other_accelerator() is None  # MPS has its own branch, CUDA too
+
+
+# ------------------------------------------------------------- the helpers' entry points: find_device, device_in_use
+
+def test_find_device_is_get_devices_check_without_the_message(one_gpu):
+    assert devices.find_device("cuda") == torch.device("cuda", 0) == get_device("cuda")
+    assert devices.find_device(" cpu ") == torch.device("cpu")
+    assert devices.find_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    for absent in ("cuda:1", "mps", "cpu:1", "xpu"):
+        assert devices.find_device(absent) is None
+        with pytest.raises(DeviceError):
+            get_device(absent)  # the same verdict, with its reason
+    for not_a_device in ("gpu", "", "banana"):
+        with pytest.raises(DeviceError, match="find_device"):
+            devices.find_device(not_a_device)
+
+
+def test_find_device_counts_other_accelerators(monkeypatch, cpu_only):
+    monkeypatch.setattr(devices, "_other_accelerator", lambda: ("xpu", 2))
+    assert devices.find_device("xpu") == torch.device("xpu", 0)
+    assert devices.find_device("xpu:1") == torch.device("xpu", 1)
+    assert devices.find_device("xpu:2") is None
+
+
+def test_device_in_use_counts_cuda_once_it_is_initialised(monkeypatch, one_gpu):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert devices.device_in_use() == torch.device("cpu")  # nothing can be queued on an unused GPU
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert devices.device_in_use() == torch.device("cuda", 0)
+
+
+def test_device_in_use_follows_get_devices_order_without_cuda(monkeypatch, cpu_only):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert devices.device_in_use() == torch.device("cpu")
+    monkeypatch.setattr(devices, "_other_accelerator", lambda: ("xpu", 2))
+    assert devices.device_in_use() == torch.device("xpu", 0)
+    monkeypatch.setattr(devices, "_mps_available", lambda: True)
+    assert devices.device_in_use() == torch.device("mps")
+
+
+def test_device_in_use_ignores_course_device(monkeypatch, cpu_only):
+    """COURSE_DEVICE says where new work goes; device_in_use says where work is (and never raises)."""
+    monkeypatch.setenv("COURSE_DEVICE", "nonsense")
+    assert devices.device_in_use() == torch.device("cpu")

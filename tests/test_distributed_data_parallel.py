@@ -1,4 +1,4 @@
-"""Notebook 05: course_utils.distributed.launch, .ddp_workers, .torchrun, .ddp_train and the notebook-05 checkers.
+"""Notebook 05: course_utils.distributed.launch, .ddp_demos, .torchrun, .ddp_train and the notebook-05 checkers.
 
 The multi-process tests use gloo on 127.0.0.1 with free ports, a tiny model and few steps; the torchrun
 runs are shared between tests (module-scoped fixtures), because starting a worker costs seconds.
@@ -7,6 +7,8 @@ runs are shared between tests (module-scoped fixtures), because starting a worke
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,37 @@ def test_launch_refuses_main_function() -> None:
     local.__module__ = "__main__"
     with pytest.raises(L.WorkerError, match="cannot import it"):
         L.launch(local, 2)
+
+
+IMPORT_PROBE = """
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+calls, modules = [], []
+class Record(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        calls.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
+init = nn.Module.__init__
+def counted(self, *args, **kwargs):
+    modules.append(type(self).__name__)
+    init(self, *args, **kwargs)
+nn.Module.__init__ = counted
+rng = torch.get_rng_state()
+with Record():
+    from course_utils.distributed import ddp_demos
+print(calls, modules, torch.equal(rng, torch.get_rng_state()), ddp_demos._sync_buffers_flag.cache_info().currsize)
+"""
+
+
+def test_importing_the_workers_computes_nothing() -> None:
+    """``import ddp_demos`` (each spawned worker does it) makes no tensor, no model, draws nothing and looks
+    nothing up: the workers do their work when called."""
+    r = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[-2] == "[] [] True 0", r.stdout
 
 
 def test_no_sync_skips_the_all_reduce_and_keeps_the_gradients() -> None:

@@ -1,9 +1,10 @@
 """course_utils.memory.planner: the planner's terms against what a CPU step really holds, and its bad input.
 
 Every phase is validated on an H200 by notebook 08's recorded cell ``08-memory-plan``; here, on the CPU: the
-saved activations to the byte (float32, fused and math attention), every phase of one step measured by the CPU
-allocator (`measure_peak(device="cpu")`, plain and with FSDP2 on one rank), the cast cache of autocast, and
-the structure of the terms (what each stage shards, what each option adds)."""
+saved activations to the byte (float32, fused and math attention; each tensor a block saves, by name), every
+phase of one step measured by the CPU allocator (`measure_peak(device="cpu")`, plain and with FSDP2 on one
+rank), the cast cache of autocast, and the structure of the terms (what each stage shards, what each option
+adds)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from course_utils.memory.accounting import CpuAllocations, saved_tensor_bytes
 from course_utils.memory.planner import (
     MEASURED_PHASES,
     MemoryPlan,
+    _saved_by_a_block,
     cublas_workspace_bytes,
     measure_peak,
     parameter_count,
     plan_memory,
 )
-from course_utils.models import GPT, GPTConfig, token_batch
+from course_utils.models import GPT, Block, GPTConfig, token_batch
 
 SHAPES = (GPTConfig(), GPTConfig(vocab=50, seq_len=12, d_model=24, n_heads=3, n_layers=3, batch=5),
           GPTConfig(vocab=300, seq_len=40, d_model=48, n_heads=6, n_layers=2, batch=3))
@@ -72,6 +74,62 @@ def test_math_attention_saves_the_probabilities() -> None:
     saved = _saved(cfg, False, SDPBackend.MATH)
     assert _planned_saved(plan_memory(cfg, "fp32", attention="math")) == saved
     assert saved > _saved(cfg, False)
+
+
+BLOCK_SAVES = ("first norm's input (the block's input)", "first norm's mean and rstd",
+               "qkv layer's input (first norm's output)", "q, k, v", "attention output (projection's input)",
+               "second norm's input (the residual)", "second norm's mean and rstd",
+               "MLP's input (second norm's output)", "GELU's input (first MLP layer's output)",
+               "GELU's output (second MLP layer's input)")
+
+
+def _summed_per_block(cfg: GPTConfig, act: int, res: int, attention: str) -> int:
+    """A block's saved bytes as the plan summed them before it named each tensor."""
+    b, t, d, h = cfg.batch, cfg.seq_len - 1, cfg.d_model, cfg.n_heads
+    btd = b * t * d
+    saved_attention = 4 * b * h * t if attention == "fused" else act * b * h * t * t
+    return 2 * res * btd + 16 * b * t + 14 * act * btd + saved_attention
+
+
+@pytest.mark.parametrize("attention", ["fused", "math"])
+@pytest.mark.parametrize("cfg", [*SHAPES, LARGE])
+def test_a_block_s_saved_tensors_are_named_and_sum_as_before(cfg: GPTConfig, attention: str) -> None:
+    """Each tensor a block saves has its name and bytes per token; together, exactly the bytes the plan summed
+    from constants before, for every precision (``act``, ``res``: bytes per number), and the plan's
+    activations per block."""
+    t = cfg.seq_len - 1
+    for act, res in [(4, 4), (2, 4), (2, 2)]:  # fp32, autocast, FSDP2's bf16 policy
+        saves = _saved_by_a_block(cfg.d_model, cfg.n_heads, t, act, res, attention)
+        names = [name for name, _ in saves]
+        assert len(set(names)) == len(names)
+        assert set(names) == {*BLOCK_SAVES, "attention log-sum-exp" if attention == "fused"
+                              else "attention probabilities"}
+        assert all(isinstance(nbytes, int) and nbytes > 0 for _, nbytes in saves)
+        assert cfg.batch * t * sum(nbytes for _, nbytes in saves) == _summed_per_block(cfg, act, res, attention)
+    for precision, mixed, act, res in [("fp32", None, 4, 4), ("bf16", "autocast", 2, 4), ("bf16", "policy", 2, 2)]:
+        plan = plan_memory(cfg, precision, stage=3 if mixed == "policy" else 0, mixed_precision=mixed,
+                           attention=attention)
+        assert _term(plan, "backward (the loss)", "activations") == cfg.n_layers * _summed_per_block(
+            cfg, act, res, attention)
+        recomputed = plan_memory(cfg, precision, True, stage=3 if mixed == "policy" else 0, mixed_precision=mixed,
+                                 attention=attention)
+        assert _term(recomputed, "backward (block 0)", "recomputed block") == _summed_per_block(
+            cfg, act, res, attention)
+
+
+@pytest.mark.parametrize("backend", [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+def test_the_named_tensors_are_what_one_block_saves(backend: SDPBackend) -> None:
+    """One fp32 block on the CPU: autograd's saved storages add up to the named tensors' bytes."""
+    cfg = SHAPES[2]
+    torch.manual_seed(0)
+    block = Block(cfg)
+    t = cfg.seq_len - 1
+    x = torch.randn(cfg.batch, t, cfg.d_model, requires_grad=True)
+    with sdpa_kernel(backend):
+        _, saved = saved_tensor_bytes(lambda: block(x), exclude=block)
+    attention = "fused" if backend == SDPBackend.FLASH_ATTENTION else "math"
+    named = _saved_by_a_block(cfg.d_model, cfg.n_heads, t, 4, 4, attention)
+    assert saved == cfg.batch * t * sum(nbytes for _, nbytes in named)
 
 
 def test_the_checkpointed_gpt_is_the_hand_written_one() -> None:

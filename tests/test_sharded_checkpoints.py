@@ -33,13 +33,13 @@ from course_utils.checkpoints.loading import (
     load_weights,
     read_state_dict,
 )
-from course_utils.models import GPT, GPTConfig, token_batch
 from course_utils.checkpoints.sharded import (
     check_divisible,
     check_sharded_checkpoint,
     load_sharded,
     save_sharded,
 )
+from course_utils.models import GPT, GPTConfig, token_batch
 
 CFG = GPTConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=1)
 

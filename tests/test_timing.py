@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils import benchmark as tub
 
-from course_utils import Timing, benchmark, format_seconds
+from course_utils import DeviceError, Timing, benchmark, format_seconds, synchronize
 
 
 def test_sleep_is_measured():
@@ -115,3 +115,23 @@ def test_cuda_timing_waits_for_the_gpu():
     end.synchronize()
     raw = start.elapsed_time(end) / 1e3 / 10
     assert t.median == pytest.approx(raw, rel=0.1)
+
+
+def test_the_device_is_resolved_by_course_utils_devices(monkeypatch):
+    """No device given: devices.device_in_use (another accelerator counts, as in get_device); a device named:
+    checked by get_device, so that a missing one is a DeviceError naming what this machine has."""
+    import course_utils.devices as devices
+    import course_utils.timing as timing
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(devices, "_mps_available", lambda: False)
+    monkeypatch.setattr(devices, "_other_accelerator", lambda: ("xpu", 1))
+    assert timing._resolve_device(None) == torch.device("xpu", 0)
+    monkeypatch.setattr(devices, "_other_accelerator", lambda: None)
+    assert timing._resolve_device(None) == torch.device("cpu")
+    with pytest.raises(DeviceError, match=r"asked for 'cuda:3'.*This machine has cpu"):
+        benchmark(lambda: None, device="cuda:3")
+    with pytest.raises(DeviceError, match="is not a device name"):
+        synchronize("gpu")
+    synchronize("cpu")
+    synchronize()

@@ -38,8 +38,8 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 ROOT = Path(__file__).resolve().parents[1]
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 sys.path.insert(0, str(ROOT))
-from course_utils.performance.datasets import DecodedImages  # noqa: E402
 from course_utils.models import GPT, GPTConfig, token_batch  # noqa: E402
+from course_utils.performance.datasets import DecodedImages  # noqa: E402
 
 
 def _profile(steps: int, target: Path, body: Callable[[], None]) -> None:

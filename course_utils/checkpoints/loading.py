@@ -34,12 +34,14 @@ import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard, Union
 
 import torch
 from torch import nn
 
+from ..devices import DeviceError, available_devices, find_device
 from ..formatting import short_list
 from .diagnosis import WeightFiles, problem_after_failed_load, problem_before_loading, weight_files
 
@@ -78,32 +80,22 @@ class CheckpointError(RuntimeError):
 
 # --------------------------------------------------------------------------------------------- loading
 
-def _check_map_location(map_location: MapLocation, name: str) -> None:
-    """A device named in map_location must exist here: say so now, not deep inside the unpickler."""
+def _check_map_location(map_location: MapLocation, name: str) -> MapLocation:
+    """``map_location`` as ``torch.load`` gets it. A device named there must exist here (said now, not deep
+    inside the unpickler) and is passed on as `course_utils.devices.find_device` resolves it (``'cuda'``
+    becomes ``cuda:<current>``); dicts, functions and None pass unchanged."""
     if not isinstance(map_location, str | torch.device):
-        return
-    from ..devices import available_devices
-
+        return map_location
     try:
-        dev = torch.device(map_location)
-    except (RuntimeError, ValueError):
+        dev = find_device(map_location)
+    except DeviceError:
         raise CheckpointError(f"{name}: map_location={map_location!r} is not a device. Use 'cpu', 'cuda', "
                               f"'cuda:0', 'mps', a torch.device, a dict or a function.") from None
-    have = available_devices()
-    if dev.type == "cpu":
-        return
-    if dev.type == "cuda":
-        count = len([d for d in have if d.startswith("cuda:")])
-        if count and (dev.index is None or dev.index < count):
-            return
-    elif dev.type == "mps":
-        if "mps:0" in have:
-            return
-    elif any(d.startswith(dev.type + ":") for d in have):
-        return
-    raise CheckpointError(f"{name}: map_location={map_location!r} names a device this machine does not "
-                          f"have (it has {', '.join(have)}). Use map_location='cpu', or "
-                          "course_utils.get_device() for the best device present.")
+    if dev is None:
+        raise CheckpointError(f"{name}: map_location={map_location!r} names a device this machine does not "
+                              f"have (it has {', '.join(available_devices())}). Use map_location='cpu', or "
+                              "course_utils.get_device() for the best device present.")
+    return dev
 
 
 def load_checkpoint(path: PathLike, map_location: MapLocation = "cpu", *, trusted: bool = False) -> Any:
@@ -127,9 +119,9 @@ def load_checkpoint(path: PathLike, map_location: MapLocation = "cpu", *, truste
     problem = problem_before_loading(p, name, trusted=trusted)
     if problem is not None:
         raise CheckpointError(problem)
-    _check_map_location(map_location, name)
+    where = _check_map_location(map_location, name)
     try:
-        return torch.load(p, map_location=map_location, weights_only=not trusted)
+        return torch.load(p, map_location=where, weights_only=not trusted)
     except Exception as exc:  # whatever torch raised, the file itself is diagnosed
         raise CheckpointError(problem_after_failed_load(p, name, exc, trusted)) from None
 
@@ -200,9 +192,11 @@ def _candidates(obj: Mapping[Any, Any], path: tuple[Any, ...] = (), depth: int =
     return found
 
 
-def _find_weights(obj: Any, name: str, path: str | None = None) -> tuple[Mapping[str, Any], str]:
+def _find_weights(obj: Any, name: str, path: str | None = None, *,
+                  stacklevel: int = 3) -> tuple[Mapping[str, Any], str]:
     """The weights in ``obj`` (see `find_state_dict`) and the entry they were taken from ('' for ``obj``);
-    ``path``: the file ``obj`` was loaded from, if it was."""
+    ``path``: the file ``obj`` was loaded from, if it was; ``stacklevel``: the frame a warning names, counted
+    from this function's (3: the caller of the public function that called this one)."""
     if isinstance(obj, nn.Module):
         return obj.state_dict(), ""
     if _is_state_dict(obj):
@@ -235,7 +229,7 @@ def _find_weights(obj: Any, name: str, path: str | None = None) -> tuple[Mapping
         if others:
             warnings.warn(f"{name}: took the model weights from {_entry(chosen[0])}; it also holds weights under "
                           f"{', '.join(_entry(p) for p in others[:4])}: pass that entry instead to load those.",
-                          stacklevel=3)
+                          stacklevel=stacklevel)
         return _weights_of(chosen[1]), _entry(chosen[0])
     raise CheckpointError(f"{name}: no model weights found in a {type(obj).__name__}; expected a state_dict "
                           "(a dict of names to tensors), a training-checkpoint dict or a model.")
@@ -288,9 +282,11 @@ def _read_weight_files(found: WeightFiles, name: str, device: str, trusted: bool
     return weights
 
 
-def _device_for(map_location: MapLocation) -> str:
-    """Where tensors without a saved device (safetensors) go: the device map_location names, else the CPU."""
-    return str(torch.device(map_location)) if isinstance(map_location, str | torch.device) else "cpu"
+def _device_for(map_location: MapLocation, name: str) -> str:
+    """Where tensors without a saved device (safetensors) go: the device map_location names (checked), else
+    the CPU."""
+    where = _check_map_location(map_location, name)
+    return str(where) if isinstance(where, torch.device) else "cpu"
 
 
 def read_state_dict(path: PathLike, map_location: MapLocation = "cpu", *, trusted: bool = False) -> dict[str, Any]:
@@ -309,8 +305,7 @@ def read_state_dict(path: PathLike, map_location: MapLocation = "cpu", *, truste
     found = weight_files(Path(path))
     if found is None:
         return dict(find_state_dict(load_checkpoint(path, map_location, trusted=trusted), name))
-    _check_map_location(map_location, name)
-    return _read_weight_files(found, name, _device_for(map_location), trusted)
+    return _read_weight_files(found, name, _device_for(map_location, name), trusted)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -356,6 +351,80 @@ def _tied_copies(own: Mapping[str, Any], weights: Mapping[str, Any]) -> dict[str
             and (found := (tensor.data_ptr(), tensor.dtype.itemsize, tuple(tensor.shape))) in names}
 
 
+@dataclass(frozen=True)
+class _KeyFit:
+    """How the keys of a checkpoint's weights meet those of a model (part 2 of `load_weights`)."""
+
+    missing: list[str]
+    """The model's keys that the weights lack, in the model's order."""
+    unexpected: list[str]
+    """The weights' keys that the model lacks, in the weights' order."""
+    wrong_shapes: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+    """(key, shape in the checkpoint, shape in the model) where the two differ, in the model's order."""
+
+
+def _source_weights(target: nn.Module, source: Any, map_location: MapLocation,
+                    trusted: bool) -> tuple[Mapping[str, Any], str, str]:
+    """Part 1 of `load_weights`, finding the weights: those in ``source`` (a path or a loaded object) for
+    ``target``, the name that messages give ``source``, and the entry of the checkpoint that held them ('' for
+    the whole of it)."""
+    if not isinstance(source, str | os.PathLike):
+        name = "the checkpoint"
+        weights, entry = _find_weights(source, name, stacklevel=4)  # the warning names load_weights' caller
+        return weights, name, entry
+    name = os.fspath(source)
+    where = _model_device(target) if map_location is None else map_location
+    found = weight_files(Path(source))
+    if found is not None:
+        return _read_weight_files(found, name, _device_for(where, name), trusted), name, ""
+    weights, entry = _find_weights(load_checkpoint(source, map_location=where, trusted=trusted), name, name,
+                                   stacklevel=4)
+    return weights, name, entry
+
+
+def _fit_keys(own: Mapping[str, Any], weights: Mapping[str, Any]) -> tuple[Mapping[str, Any], _KeyFit]:
+    """Part 2 of `load_weights`, which keys fit: the weights as ``own`` (a model's state_dict) takes them
+    (wrapper prefixes removed unless the keys already match, tied weights filled in under their other
+    names), and how their keys meet the model's."""
+    if set(weights) != set(own):
+        weights = strip_prefixes(weights)
+    tied = _tied_copies(own, weights)
+    if tied:
+        filled = OrderedDict(weights)
+        filled.update((k, weights[kept]) for k, kept in tied.items())
+        if isinstance(metadata := getattr(weights, "_metadata", None), Mapping):
+            filled._metadata = metadata  # type: ignore[attr-defined]
+        weights = filled
+    wrong = [(k, tuple(weights[k].shape), tuple(own[k].shape))
+             for k in own if k in weights and isinstance(weights[k], torch.Tensor)
+             and isinstance(own[k], torch.Tensor) and weights[k].shape != own[k].shape]
+    return weights, _KeyFit(missing=[k for k in own if k not in weights],
+                            unexpected=[k for k in weights if k not in own], wrong_shapes=wrong)
+
+
+def _misfit_message(fit: _KeyFit, name: str, entry: str, model: str, strict: bool) -> str | None:
+    """Part 3 of `load_weights`, the message: what does not fit, from ``name`` (its ``entry``) into the model
+    class ``model``, and what to do; None when everything fits (with ``strict=False``: no shape differs)."""
+    missing, unexpected = fit.missing, fit.unexpected
+    wrong = [f"{k}: checkpoint {saved}, model {shape}" for k, saved, shape in fit.wrong_shapes]
+    if not (wrong or (strict and (missing or unexpected))):
+        return None
+    lines = [f"{name}{f' ({entry})' if entry else ''} does not fit {model}:"]
+    if strict and missing:
+        lines.append(f"  missing in the checkpoint ({len(missing)}): {short_list(missing)}")
+    if strict and unexpected:
+        lines.append(f"  unexpected in the checkpoint ({len(unexpected)}): {short_list(unexpected)}")
+    if wrong:
+        lines.append(f"  wrong shape ({len(wrong)}):")
+        lines += [f"    {w}" for w in wrong[:8]] + ([f"    ... ({len(wrong) - 8} more)"] if len(wrong) > 8 else [])
+    hint = _prefix_hint(missing, unexpected) if strict else ""
+    lines.append(hint.lstrip("\n") if hint else
+                 "  Build the model with the same architecture and sizes as the one that was saved"
+                 + ("; strict=False loads the matching keys and skips the rest." if strict and not wrong
+                    else "."))
+    return "\n".join(lines)
+
+
 def load_weights(model: nn.Module, source: Any, map_location: MapLocation = None, *, strict: bool = True,
                  trusted: bool = False) -> nn.Module:
     """Load weights into ``model`` and return it.
@@ -373,51 +442,11 @@ def load_weights(model: nn.Module, source: Any, map_location: MapLocation = None
         raise TypeError(f"load_weights: the first argument must be the model (an nn.Module), got "
                         f"{type(model).__name__}. Build the model first, e.g. load_weights(FooNet(), path).")
     target = _unwrap(model)
-    entry = ""
-    weights: Mapping[str, Any]
-    if isinstance(source, str | os.PathLike):
-        name = os.fspath(source)
-        where = _model_device(target) if map_location is None else map_location
-        found = weight_files(Path(source))
-        if found is not None:
-            _check_map_location(where, name)
-            weights = _read_weight_files(found, name, _device_for(where), trusted)
-        else:
-            weights, entry = _find_weights(load_checkpoint(source, map_location=where, trusted=trusted), name,
-                                           name)
-    else:
-        name = "the checkpoint"
-        weights, entry = _find_weights(source, name)
-    own = target.state_dict()
-    if set(weights) != set(own):
-        weights = strip_prefixes(weights)
-    tied = _tied_copies(own, weights)
-    if tied:
-        filled = OrderedDict(weights)
-        filled.update((k, weights[kept]) for k, kept in tied.items())
-        if isinstance(metadata := getattr(weights, "_metadata", None), Mapping):
-            filled._metadata = metadata  # type: ignore[attr-defined]
-        weights = filled
-    missing = [k for k in own if k not in weights]
-    unexpected = [k for k in weights if k not in own]
-    wrong = [f"{k}: checkpoint {tuple(weights[k].shape)}, model {tuple(own[k].shape)}"
-             for k in own if k in weights and isinstance(weights[k], torch.Tensor)
-             and isinstance(own[k], torch.Tensor) and weights[k].shape != own[k].shape]
-    if wrong or (strict and (missing or unexpected)):
-        lines = [f"{name}{f' ({entry})' if entry else ''} does not fit {type(target).__name__}:"]
-        if strict and missing:
-            lines.append(f"  missing in the checkpoint ({len(missing)}): {short_list(missing)}")
-        if strict and unexpected:
-            lines.append(f"  unexpected in the checkpoint ({len(unexpected)}): {short_list(unexpected)}")
-        if wrong:
-            lines.append(f"  wrong shape ({len(wrong)}):")
-            lines += [f"    {w}" for w in wrong[:8]] + ([f"    ... ({len(wrong) - 8} more)"] if len(wrong) > 8 else [])
-        hint = _prefix_hint(missing, unexpected) if strict else ""
-        lines.append(hint.lstrip("\n") if hint else
-                     "  Build the model with the same architecture and sizes as the one that was saved"
-                     + ("; strict=False loads the matching keys and skips the rest." if strict and not wrong
-                        else "."))
-        raise CheckpointError("\n".join(lines))
+    weights, name, entry = _source_weights(target, source, map_location, trusted)
+    weights, fit = _fit_keys(target.state_dict(), weights)
+    problem = _misfit_message(fit, name, entry, type(target).__name__, strict)
+    if problem is not None:
+        raise CheckpointError(problem)
     target.load_state_dict(weights, strict=strict)
     return model
 

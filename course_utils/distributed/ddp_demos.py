@@ -13,7 +13,7 @@ import inspect
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..formatting import error_message
+from ..models import small_mlp as tiny_model  # the small MLP without dropout, under the name the workers use
 
 __all__ = ["TwoHeads", "accumulate_gradients", "batchnorm_demo", "collectives_demo",
            "compare_gradients", "global_batch", "grads", "local_slice", "mismatched_collectives",
@@ -47,12 +48,6 @@ def collectives_demo(rank: int, world_size: int) -> list[str]:
     dist.all_gather(parts, torch.tensor([rank * 100.0]))  # every rank gets everyone's tensor
     seen.append(f"rank {rank} after all_gather {[p.item() for p in parts]}")
     return seen
-
-
-def tiny_model(seed: int = 0) -> nn.Module:
-    """A small MLP without dropout (so one process and several compute exactly the same function)."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
 
 
 def global_batch(size: int = 8, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,31 +145,31 @@ def accumulate_gradients(rank: int, world_size: int, micro_batches: int = 4) -> 
     return found
 
 
-def _counting_allreduce(calls: list[int], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _counting_allreduce(calls, bucket):
+    # type: (list[int], dist.GradBucket) -> torch.futures.Future[torch.Tensor]
     """A DDP communication hook: note the bucket, then do what DDP does by default (all-reduce, divide
-    by the world size)."""
+    by the world size).
+
+    Its types are in a type comment, for mypy: DDP checks a hook's annotations at run time against the
+    classes themselves, and this module's annotations would be strings (``from __future__ import
+    annotations``); setting the classes into ``__annotations__`` would be work done at import."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     calls.append(bucket.index())
     return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default process group
 
 
-# DDP compares a hook's annotations with the classes themselves; this module's annotations are strings
-# (``from __future__ import annotations``), so give it the classes.
-_counting_allreduce.__annotations__["bucket"] = dist.GradBucket
-_counting_allreduce.__annotations__["return"] = torch.futures.Future[torch.Tensor]
-
+@cache
 def _sync_buffers_flag() -> str:
     """DDP's flag for copying rank 0's buffers to every rank before each forward: ``forward_sync_buffers``
     in recent releases (torch 2.13 calls ``broadcast_buffers`` deprecated, with a warning), else
-    ``broadcast_buffers``."""
+    ``broadcast_buffers``. Looked up on first use (not at import, which would import DDP), then cached."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     params = inspect.signature(DDP).parameters
     return "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
 
 
-_SYNC_BUFFERS = _sync_buffers_flag()
 def _bn_model() -> nn.Module:
     """A small MLP with a BatchNorm layer: 16 features → 8 → 1."""
     torch.manual_seed(0)
@@ -204,7 +199,7 @@ def batchnorm_demo(rank: int, world_size: int, sync: bool = False, steps: int = 
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
             found["converted"] = type(list(model.children())[1]).__name__
         try:
-            ddp = _ddp(model, **{_SYNC_BUFFERS: sync_buffers})
+            ddp = _ddp(model, **{_sync_buffers_flag(): sync_buffers})
         except ValueError as exc:  # DDP refuses SyncBatchNorm on the CPU; and SyncBatchNorm itself?
             found["error"] = error_message(exc)
             try:

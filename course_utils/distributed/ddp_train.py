@@ -44,6 +44,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from ..models import small_mlp
+
 __all__ = [
     "HASH_PREFIX",
     "SnapshotError",
@@ -60,7 +62,7 @@ __all__ = [
 HASH_PREFIX = "final weights sha256:"
 MAGIC = b"COURSE-SNAPSHOT-1\n"
 _SNAPSHOT = re.compile(r"^snapshot-(\d{6})\.pt$")
-IN_FEATURES, HIDDEN = 16, 32
+IN_FEATURES = 16  # the inputs of `course_utils.models.small_mlp`
 
 
 class SnapshotError(ValueError):
@@ -77,9 +79,9 @@ def make_dataset(n: int = 256, seed: int = 0) -> TensorDataset:
 
 
 def make_model(seed: int = 0) -> nn.Module:
-    """The same small MLP (with dropout, so the RNG state matters) on every rank."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Dropout(0.1), nn.Linear(HIDDEN, 1))
+    """The same small MLP (with dropout, so the RNG state matters) on every rank: `course_utils.models.small_mlp`
+    with ``dropout=0.1``."""
+    return small_mlp(seed, dropout=0.1)
 
 
 def weights_sha256(model: nn.Module) -> str:

@@ -26,10 +26,14 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.reduction import ForkingPickler
+from queue import Empty
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..formatting import short_repr
 
 __all__ = ["WorkerError", "free_port", "launch", "start_worker_pool"]
 
@@ -102,7 +106,7 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: 
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout), **extra)
         try:
-            queue.put((rank, True, fn(rank, world_size, *args)))
+            queue.put((rank, True, _packed(fn, fn(rank, world_size, *args))))
         except BaseException:
             queue.put((rank, False, traceback.format_exc()))
         finally:
@@ -111,6 +115,20 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: 
             dist.destroy_process_group()
     except BaseException:
         queue.put((rank, False, traceback.format_exc()))
+
+
+def _packed(fn: Callable[..., Any], result: Any) -> bytes:
+    """``result`` pickled here, in the worker, as the queue would pickle it. The queue pickles what it is given
+    in a thread of its own, which prints a failure to the worker's standard error and drops the result: the
+    launcher would wait for it until its timeout. Pickled here, a result that cannot be sent back is this
+    rank's error, with its traceback."""
+    try:
+        return bytes(ForkingPickler.dumps(result))
+    except Exception as exc:
+        raise TypeError(f"{getattr(fn, '__name__', fn)} returned {type(result).__name__} "
+                        f"{short_repr(result, 60)}, which cannot be pickled to send it back to the launching "
+                        f"process ({type(exc).__name__}: {exc}). Return plain values: numbers, strings, tensors, "
+                        "and lists or dicts of them.") from exc
 
 
 def _leave_together(store: dist.Store, rank: int, world_size: int, deadline: float) -> None:
@@ -184,7 +202,7 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
                                   f"within {timeout:.0f} s")
             try:
                 rank, good, value = queue.get(timeout=min(left, 1.0))
-            except Exception:  # queue.Empty: check that nobody died silently
+            except Empty:  # nothing yet: check that nobody died silently
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
                 if dead:
                     raise WorkerError(f"{fn.__name__}: rank {dead[0]} died with exit code {procs[dead[0]].exitcode}"
@@ -192,7 +210,7 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
                 continue
             if not good:
                 raise WorkerError(_first_failure(fn.__name__, {rank: value}, queue))
-            results[rank] = value
+            results[rank] = _unpacked(fn, rank, value)
     finally:
         for p in procs:
             p.join(timeout=5)
@@ -200,6 +218,16 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
                 p.kill()
                 p.join()
     return [results[r] for r in range(world_size)]
+
+
+def _unpacked(fn: Callable[..., Any], rank: int, payload: bytes) -> Any:
+    """A rank's result, unpickled in the launching process (its classes must be importable here too)."""
+    try:
+        return ForkingPickler.loads(payload)
+    except Exception as exc:
+        raise WorkerError(f"{fn.__name__}: the result of rank {rank} cannot be unpickled in this process "
+                          f"({type(exc).__name__}: {exc}). Return values whose classes this process can import: "
+                          "numbers, strings, tensors, and lists or dicts of them.") from None
 
 
 def _log_tail(logs: str | None, fn: Callable[..., Any], rank: int, pid: int | None, lines: int = 30) -> str:
@@ -222,7 +250,7 @@ def _first_failure(name: str, failures: dict[int, str], queue: Any, grace: float
     while time.monotonic() < deadline:
         try:
             rank, good, value = queue.get(timeout=max(0.05, deadline - time.monotonic()))
-        except Exception:  # queue.Empty
+        except Empty:
             break
         if not good:
             failures[rank] = value

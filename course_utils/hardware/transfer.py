@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 import torch
 
+from ..devices import get_device
 from ..formatting import format_bytes
 from ..timing import Timing, benchmark
 
@@ -98,7 +99,7 @@ def transfer_buffers(direction: str, nbytes: int, memory: str,
                      device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(src, dst)`` for one transfer: a host buffer of the given ``memory`` kind and a device buffer."""
     _check(direction, memory)
-    dev = torch.device(device)
+    dev = get_device(device)
     host = host_buffer(nbytes, pinned=(memory == "pinned"))
     on_device = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     if direction == "h2d":
@@ -142,7 +143,7 @@ def measure_transfer(direction: str, nbytes: int, memory: str, device: str | tor
     _check(direction, memory)
     if non_blocking is None:
         non_blocking = memory == "pinned"
-    dev = torch.device(device)
+    dev = get_device(device)
     src, dst = transfer_buffers(direction, nbytes, memory, dev)
     timing = benchmark(dst.copy_, src, non_blocking=non_blocking, device=dev, **bench)
     return TransferResult(direction, memory, nbytes, non_blocking, timing)

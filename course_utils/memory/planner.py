@@ -91,6 +91,31 @@ def _block_params(d: int) -> int:
     return (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 2 * 2 * d
 
 
+def _saved_by_a_block(d: int, h: int, t: int, act: int, res: int,
+                      attention: str) -> tuple[tuple[str, int], ...]:
+    """The tensors one `course_utils.models.Block` saves for its backward, in the order its forward makes them:
+    ``(name, bytes per token)``, for ``d`` features, ``h`` heads, sequences of ``t`` tokens, ``act`` bytes per
+    number of what the matrix products make, ``res`` of the residual stream; ``attention`` as `plan_memory`
+    takes it. A tensor that several operations save counts once, as autograd holds it once: a fused kernel saves
+    q, k and v as views of the qkv layer's output, and its output is the projection's input; the math one saves
+    copies (q and k scaled, v reshaped) and copies its output into the projection's input, the same bytes.
+    LayerNorm's statistics are float32 whatever the precision. `plan_memory`'s activations per block are the
+    sum, times the tokens of the batch."""
+    attention_saves = (("attention log-sum-exp", 4 * h) if attention == "fused"  # float32, per head
+                       else ("attention probabilities", act * h * t))  # t per head: the t × t matrix's row
+    return (("first norm's input (the block's input)", res * d),
+            ("first norm's mean and rstd", 4 + 4),
+            ("qkv layer's input (first norm's output)", act * d),
+            ("q, k, v", 3 * act * d),
+            attention_saves,
+            ("attention output (projection's input)", act * d),
+            ("second norm's input (the residual)", res * d),
+            ("second norm's mean and rstd", 4 + 4),
+            ("MLP's input (second norm's output)", act * d),
+            ("GELU's input (first MLP layer's output)", 4 * act * d),
+            ("GELU's output (second MLP layer's input)", 4 * act * d))
+
+
 @dataclass(frozen=True)
 class Term:
     """One term of a phase: its name, its bytes, and why they are there."""
@@ -196,8 +221,7 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
     buffer = p * n_block if fsdp and W > 1 else 0
 
     # --- activations: what autograd saves for backward --------------------------------------------------
-    saved_attention = 4 * b * h * t if attention == "fused" else act * b * h * t * t
-    per_block = 2 * res * btd + 16 * b * t + 14 * act * btd + saved_attention
+    per_block = b * t * sum(nbytes for _name, nbytes in _saved_by_a_block(d, h, t, act, res, attention))
     kept = res * btd if checkpointing else per_block  # per block, until its backward
     acts = Term("activations", L * kept, ("each block's input (checkpointed)" if checkpointing else
                                           f"{L} blocks × {per_block / 2**20:,.0f} MiB saved for backward"))

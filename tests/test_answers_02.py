@@ -1,74 +1,34 @@
-"""A catalogue of answers for the exercise checkers of notebooks 00, 01 and 02.
+"""A catalogue of answers for notebook 02's exercise checkers (course_utils.exercises.moving_data:
+check_train_epoch, check_train_step and check_quiz).
 
-For each checker: the wrong answers a class writes, each rejected with a message that names its mistake and
-a first hint that names the concept, not the line (no line of the notebook's solution in it; the closer hint,
+For each checker: the wrong answers a class writes, each rejected with a message that names its mistake and a
+first hint that names the concept, not the line (no line of the notebook's solution in it; the closer hint,
 nearer to the code, waits for a second failure or %hint); and right answers written differently from the
-notebook's solution, each accepted. The notebook's own solution comes from the notebook (conftest).
-
-Runs in about 10 s on a 2-core machine; most of it is notebook 01's checker, whose workloads sleep.
+notebook's solution, each accepted. The notebook's own solution comes from the notebook (conftest). Every test
+leaves the global settings (default device and dtype, grad mode) as it found them. At the end, the checkers'
+first tests (from tests/test_moving_data.py; the ones whose names the catalogue had taken end in _in_brief).
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import json
 import re
-import statistics
-import time
 from types import MappingProxyType
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, notebook_solution
+from answers_helpers import SOLUTIONS, accepted
+from answers_helpers import rejected_without_solution_lines as rejected
+from conftest import notebook_solution
 from torch import nn
 
-from course_utils import exercises, get_device
-from course_utils.exercises import Verdict, cpu_vs_gpu
+from course_utils import get_device
 from course_utils.exercises import moving_data as md
-from course_utils.exercises.cpu_vs_gpu import check_time_per_call
-from course_utils.exercises.setup import check_tensor_on_device
 
-
-@pytest.fixture(autouse=True)
-def _global_settings_kept() -> None:
-    """The checkers set back the global settings an answer changes: after each test they are the defaults (and
-    are set back here only when a test failed before a checker could)."""
-    yield
-    changed = (torch.get_default_device(), torch.get_default_dtype(), torch.is_grad_enabled())
-    torch.set_default_device(None)
-    torch.set_default_dtype(torch.float32)
-    torch.set_grad_enabled(True)
-    assert changed == (torch.device("cpu"), torch.float32, True), f"left changed: {changed}"
-
-
-def solution_code(stem: str, name: str) -> list[str]:
-    """The code of the solution cell of notebook ``stem`` that mentions ``name``: its lines without comments,
-    and the expressions of its assignments and returns (what a hint must not hand over)."""
-    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
-    source = next("".join(c["source"]) for c in nb["cells"]
-                  if "solution" in c["metadata"].get("tags", []) and name in "".join(c["source"]))
-    pieces = []
-    for line in source.splitlines():
-        code = line.split("  #")[0].strip()
-        if not code or code.startswith(("#", "def ", "check_", "'''")):
-            continue
-        pieces.append(code)
-        expression = code.split(" = ", 1)[1] if " = " in code else code.removeprefix("return ")
-        if expression != code and re.search(r"\(\s*[^)\s]", expression):  # a call with arguments
-            pieces.append(expression)
-    return [p for p in pieces if len(p) >= 12]
-
-
-SOLUTIONS = {
-    "00": solution_code("00_setup", "check_tensor_on_device"),
-    "01": solution_code("01_cpu_vs_gpu", "def time_per_call"),
-    "02-1": solution_code("02_moving_data", "def train_epoch"),
-    "02-2": solution_code("02_moving_data", "def train_step"),
-    "02-3": solution_code("02_moving_data", "check_quiz"),
-}
+pytestmark = pytest.mark.usefixtures("global_settings_kept")  # tests/conftest.py
 
 
 def test_the_solutions_have_code_to_compare_with() -> None:
@@ -79,238 +39,7 @@ def test_the_solutions_have_code_to_compare_with() -> None:
     assert any(p.startswith("answers = {") for p in SOLUTIONS["02-3"])
 
 
-def rejected(verdict: Verdict, mistake: str, concept: str, solution: str) -> None:
-    """``verdict`` fails; its message names ``mistake``; its first hint names ``concept`` and hands over no
-    line of the solution; its closer hint (when it has one) is held back on a first failure and pastes no
-    solution line either."""
-    assert isinstance(verdict, Verdict) and not verdict, str(verdict)
-    assert mistake in verdict.message, verdict.message
-    assert concept in verdict.hint, verdict.hint
-    for code in SOLUTIONS[solution]:
-        assert code not in verdict.hint, f"the hint hands over {code!r}"
-        if "(" in code and " = " in code:  # a whole assignment line of the solution
-            assert code not in verdict.closer, f"the closer hint pastes {code!r}"
-    if verdict.closer:
-        assert verdict.closer not in str(verdict) and "%hint" in str(verdict)
-        assert verdict.closer in str(verdict.closer_hint())
-
-
-def accepted(verdict: Verdict) -> None:
-    assert isinstance(verdict, Verdict) and verdict, str(verdict)
-    assert str(verdict).startswith("✔ Correct.")
-
-
-# ================================================================ 00: a tensor on the course device
-
-F16 = torch.float16
-
-
-@pytest.mark.parametrize(("answer", "course_device", "mistake", "concept"), [
-    (torch.ones(3, 3), "cpu", "the dtype is torch.float32 (what a factory function makes", "which argument"),
-    (torch.ones(3, 3, dtype=torch.bfloat16), "cpu", "torch.bfloat16, not torch.float16", "16-bit"),
-    (torch.tensor([[1, 1, 1]] * 3), "cpu", "the dtype is torch.int64", "which argument"),
-    (torch.ones(3, dtype=F16), "cpu", "the shape is (3,), not (3, 3)", "how many sizes"),
-    (torch.ones(1, 3, 3, dtype=F16), "cpu", "the shape is (1, 3, 3)", "how many sizes"),
-    (torch.zeros(3, 3, dtype=F16), "cpu", "not every element is 1", "which one gives ones"),
-    (torch.rand(3, 3, dtype=F16), "cpu", "not every element is 1", "which one gives ones"),
-    ([[1.0] * 3] * 3, "cpu", "expected a torch.Tensor, got list", "which one fills it with ones"),
-    (np.ones((3, 3), dtype=np.float16), "cpu", "got ndarray", "which one fills it with ones"),
-    (torch.ones(3, 3, dtype=F16), "meta", "the tensor is on cpu, not on meta", "Section 3"),
-    (torch.ones(3, 3, dtype=F16, device="meta"), "cpu", "the tensor is on meta, not on cpu", "Section 3"),
-], ids=["stub-float32", "bfloat16", "int64", "1-dim", "3-dim", "zeros", "rand", "list", "numpy",
-        "cpu-not-course-device", "meta-not-course-device"])
-def test_setup_wrong_answers(answer, course_device, mistake, concept) -> None:
-    rejected(check_tensor_on_device(answer, course_device), mistake, concept, "00")
-
-
-@pytest.mark.parametrize(("make", "course_device"), [
-    (lambda d: torch.ones(3, 3, dtype=torch.half, device=d), "cpu"),
-    (lambda d: torch.full((3, 3), 1.0, dtype=F16, device=d), "cpu"),
-    (lambda d: torch.ones(9).view(3, 3).to(d, F16), "cpu"),  # made, then moved: the checker cannot tell
-    (lambda d: torch.ones((3, 3), dtype=F16, device=d), "meta"),  # no data on meta: nothing to compare
-    (lambda d: torch.ones(3, 3, dtype=F16, device=d), torch.device("cpu")),
-], ids=["half", "full", "view-then-to", "on-meta", "torch.device"])
-def test_setup_right_answers(make, course_device) -> None:
-    accepted(check_tensor_on_device(make(course_device), course_device))
-
-
-def test_setup_the_notebook_solution_and_the_second_try() -> None:
-    ns = {"device": torch.device("cpu")}
-    exec("t = " + next(p for p in SOLUTIONS["00"] if p.startswith("torch.ones")), {"torch": torch, **ns}, ns)
-    accepted(check_tensor_on_device(ns["t"], "cpu"))
-    first = check_tensor_on_device(torch.ones(3, 3), "cpu")
-    again = check_tensor_on_device(torch.ones(3, 3), "cpu")
-    assert "Closer hint" not in str(first) and f"Closer hint: {again.closer}" in str(again)
-
-
-# ================================================================ 01: time_per_call
-
-
-def _timed_calls(fn, sync, warmup=3, repeat=10, divide=1):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) / divide)
-    return times
-
-
-def no_sync(fn, sync):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(10):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def sync_before_only(fn, sync):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(10):
-        sync()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def loop_synced_at_the_end_only(fn, sync):
-    for _ in range(3):
-        fn()
-    start = time.perf_counter()
-    for _ in range(10):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / 10
-
-
-def mean_without_warmup(fn, sync):
-    return statistics.mean(_timed_calls(fn, sync, warmup=0))
-
-
-def end_minus_start_swapped(fn, sync):
-    fn()
-    fn()
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    end = time.perf_counter()
-    return start - end
-
-
-def each_call_divided_by_the_count(fn, sync):
-    return statistics.median(_timed_calls(fn, sync, divide=10))
-
-
-def uses_cuda_synchronize(fn, sync):
-    times = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def only_fn(fn):
-    return 0.0
-
-
-WRONG_TIMERS = [
-    (no_sync, "never calls sync()", "What makes the host wait"),
-    (sync_before_only, "the clock stops before the work is done", "has the device finished"),
-    (loop_synced_at_the_end_only, "queued before the clock started", "When your clock starts"),
-    (lambda fn, sync: 1e3 * statistics.median(_timed_calls(fn, sync)), "looks like milliseconds", "Which unit"),
-    (lambda fn, sync: sum(_timed_calls(fn, sync)), "the total over all the calls", "ONE call"),
-    (mean_without_warmup, "whose first call costs", "Section 3.1"),
-    (_timed_calls, "returned 10 values (list), not a number of seconds", "one number"),
-    (end_minus_start_swapped, "a negative duration", "later clock reading minus the earlier"),
-    (each_call_divided_by_the_count, "of one call", "what do you divide by"),
-    # right only for the checker's workload: a figure it never measured
-    (lambda fn, sync: 0.003, "called fn() 0 time(s) (it returned a number without timing", "only know by measuring"),
-    (only_fn, "TypeError", "How does the checker call your function"),
-]
-if not torch.cuda.is_available():
-    WRONG_TIMERS.append((uses_cuda_synchronize, "a CUDA call needs a CUDA GPU", "The sync argument"))
-
-
-@pytest.mark.parametrize(("answer", "mistake", "concept"), WRONG_TIMERS,
-                         ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
-def test_timing_wrong_answers(answer, mistake, concept) -> None:
-    rejected(check_time_per_call(answer), mistake, concept, "01")
-
-
-def test_timing_passing_a_call_instead_of_the_function() -> None:
-    verdict = check_time_per_call(0.003)
-    rejected(verdict, "expected a function, got float", "not what calling it returns", "01")
-
-
-def test_timing_limits_are_inclusive(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A figure exactly on a limit passes, one a hair beyond it fails (the limits of check_time_per_call's
-    docstring: from half the asked duration to twice what a call took; here a call takes exactly what it was
-    asked, so that the limits are known)."""
-    monkeypatch.setattr(cpu_vs_gpu._Workload, "took", lambda self: self.seconds)
-
-    def on(limit, factor=1.0):
-        def answer(fn, sync):
-            for _ in range(3):
-                fn()
-            sync()
-            return limit(fn.seconds) * factor
-        return answer
-
-    accepted(check_time_per_call(on(lambda s: 2 * s)))
-    accepted(check_time_per_call(on(lambda s: 0.5 * s)))
-    rejected(check_time_per_call(on(lambda s: 2 * s, 1 + 1e-9)), "but whose first call costs", "Section 3.1", "01")
-    exercises._failures.clear()  # a first try again
-    rejected(check_time_per_call(on(lambda s: 0.5 * s, 1 - 1e-9)), "about 1/2 of one call", "what do you divide",
-             "01")
-
-
-def loop_of_calls(fn, sync):
-    """One sample of a synchronised loop, divided by its count (the loop's mean is fine once warmed up)."""
-    for _ in range(2):
-        fn()
-    sync()
-    start = time.perf_counter_ns()
-    for _ in range(8):
-        fn()
-    sync()
-    return (time.perf_counter_ns() - start) / 8 / 1e9
-
-
-def sorted_middle(fn, sync):
-    """Median by hand, nanosecond clock, fewer samples."""
-    fn()
-    samples = []
-    for _ in range(7):
-        sync()
-        t0 = time.perf_counter_ns()
-        fn()
-        sync()
-        samples.append(time.perf_counter_ns() - t0)
-    return sorted(samples)[len(samples) // 2] * 1e-9
-
-
-@pytest.mark.parametrize("answer", [loop_of_calls, sorted_middle, "notebook"])
-def test_timing_right_answers(answer) -> None:
-    if answer == "notebook":
-        answer = notebook_solution("01_cpu_vs_gpu", "time_per_call", {"time": time, "statistics": statistics})
-    accepted(check_time_per_call(answer))
-
-
 # ================================================================ 02, exercise 1: fix the training loop
-
 
 def _epoch(model, batches, device, lr=0.05, *, move_y=True, total_device="device", optimizer_first=False,
            move_model=True, divide_by=None, detach=True, fixed_lr=None, total_dtype=None, first=None):
@@ -602,7 +331,6 @@ def test_train_epoch_right_answers(answer) -> None:
 
 # ================================================================ 02, exercise 2: a device-agnostic train_step
 
-
 def _step(model, optimizer, loss_fn, x, y, *, to=None, move_y=True, zero=True, zero_late=False, item=False,
           detach=True, loss_after=False, swapped=False, evaluate=False, returned_dtype=None):
     """The step, with one of the mistakes a class makes switched on by a keyword."""
@@ -712,6 +440,7 @@ def train_step(model, optimizer, loss_fn, x, y):
     optimizer.step()
     return loss.detach()
 """
+
 
 WRONG_STEPS = [
     (lambda model, optimizer, loss_fn, x, y: None, "it returned None", "return the loss"),
@@ -871,3 +600,226 @@ def test_right_answers_pass_the_accelerator_branch(monkeypatch: pytest.MonkeyPat
     for answer in (notebook_solution("02_moving_data", "train_step"), step_by_parameter_device,
                    non_blocking_off_the_cpu):
         accepted(md.check_train_step(answer))
+
+
+# --- the checkers' first tests (from tests/test_moving_data.py) ---------------------------------------------
+
+# ---------------------------------------------------------------- exercise 1: fix the training loop
+
+def only_x_fixed(model, batches, device, lr=0.05):
+    model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    total = torch.zeros((), device=device)
+    for x, y in batches:
+        x = x.to(device)
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total += loss.detach()
+    return total / len(batches)
+
+
+def accumulator_on_cpu(model, batches, device, lr=0.05):
+    model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    total = torch.zeros(())
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total += loss.detach()
+    return total / len(batches)
+
+
+def uses_item(model, batches, device, lr=0.05):
+    model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    total = 0.0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+    return torch.tensor(total / len(batches))
+
+
+def no_zero_grad(model, batches, device, lr=0.05):
+    model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    total = torch.zeros((), device=device)
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        total += loss.detach()
+    return total / len(batches)
+
+
+def test_train_epoch_right_answer():
+    verdict = md.check_train_epoch(notebook_solution("02_moving_data", "train_epoch"))
+    assert verdict, str(verdict)
+    assert "meta" in verdict.message
+
+
+@pytest.mark.parametrize("fn, words", [
+    (md.buggy_train_epoch, "not on the expected device"),
+    (only_x_fixed, "not on the expected device"),
+    (accumulator_on_cpu, "the returned loss is on cpu"),
+    (uses_item, "item"),
+    (no_zero_grad, "reference"),
+    (None, "expected a function"),
+])
+def test_train_epoch_wrong_answers_in_brief(fn, words):
+    verdict = md.check_train_epoch(fn)
+    assert not verdict
+    assert words in str(verdict), str(verdict)
+    assert verdict.hint
+
+
+def test_buggy_loop_works_on_cpu_only():
+    # The bug is invisible with one device: that is the point of the exercise.
+    loss = md.buggy_train_epoch(md.make_model(), md.make_batches(), "cpu")
+    assert loss.dim() == 0 and torch.isfinite(loss)
+
+
+# ---------------------------------------------------------------- exercise 2: device-agnostic train_step
+
+def good_step(model, optimizer, loss_fn, x, y):
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def moves_to_cuda(model, optimizer, loss_fn, x, y):
+    x, y = x.to("cuda"), y.to("cuda")
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def batch_not_moved(model, optimizer, loss_fn, x, y):
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def returns_item(model, optimizer, loss_fn, x, y):
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def not_detached(model, optimizer, loss_fn, x, y):
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def forgets_zero_grad(model, optimizer, loss_fn, x, y):
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def moves_model_to_batch(model, optimizer, loss_fn, x, y):
+    model.to(x.device)
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def stub(model, optimizer, loss_fn, x, y):
+    ...
+
+
+def test_train_step_right_answer():
+    verdict = md.check_train_step(good_step)
+    assert verdict, str(verdict)
+    # the hidden reference passes its own checker
+    assert md.check_train_step(md._reference_train_step)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (moves_to_cuda, "names CUDA"),
+    (batch_not_moved, "not on the expected device"),
+    (returns_item, "float"),
+    (not_detached, "requires grad"),
+    (forgets_zero_grad, "nothing cleared them"),
+    (moves_model_to_batch, "meta"),
+    (stub, "returned None"),
+    ("train_step", "expected a function"),
+])
+def test_train_step_wrong_answers_in_brief(fn, words):
+    verdict = md.check_train_step(fn)
+    assert not verdict
+    assert words in str(verdict), str(verdict)
+
+
+# ---------------------------------------------------------------- exercise 3: the quiz
+
+QUIZ_KEY = {"a": True, "b": False, "c": False, "d": True, "e": False, "f": True, "g": True, "h": True}
+
+
+def test_quiz_key_matches_pytorch():
+    assert md.quiz_truth() == QUIZ_KEY
+
+
+def test_quiz_right_answer_keeps_the_reasons_until_asked():
+    verdict = md.check_quiz(QUIZ_KEY)
+    assert verdict, str(verdict)
+    assert not any(why in str(verdict) for _, why in md.QUIZ.values()), "the solution's output gives reasons away"
+    explained = md.check_quiz(QUIZ_KEY, explain=True)
+    assert explained and all(why in str(explained) for _, why in md.QUIZ.values()), str(explained)
+
+
+def test_quiz_wrong_answers_get_no_reasons_even_when_asked():
+    verdict = md.check_quiz({**QUIZ_KEY, "c": True}, explain=True)
+    assert not verdict and not any(why in str(verdict) for _, why in md.QUIZ.values())
+
+
+@pytest.mark.parametrize("answers, words", [
+    ({**QUIZ_KEY, "c": True}, "1 of 8 wrong"),
+    ({**QUIZ_KEY, "h": False, "e": True}, "2 of 8 wrong"),
+    ({k: True for k in QUIZ_KEY}, "3 of 8 wrong"),
+    ({**QUIZ_KEY, "b": None}, "missing: b"),
+    ({**QUIZ_KEY, "z": True}, "unknown case"),
+    ({**QUIZ_KEY, "a": "same"}, "not True/False: a (str)"),
+    ([True] * 8, "expected a dict"),
+])
+def test_quiz_wrong_answers_in_brief(answers, words):
+    verdict = md.check_quiz(answers)
+    assert not verdict
+    assert words in str(verdict), str(verdict)
+
+
+def test_quiz_names_the_wrong_letters_in_the_closer_hint_only():
+    verdict = md.check_quiz({**QUIZ_KEY, "c": True})
+    assert "c)" not in str(verdict) and "copy=True" in verdict.hint
+    assert "The wrong one: c." in str(verdict.closer_hint())

@@ -1,389 +1,51 @@
-"""A catalogue of answers a class would write to the exercises of notebooks 03 (torch.cuda API) and 04
-(DataParallel), run through the checkers.
+"""Notebook 04 (DataParallel): a catalogue of answers a class would write to its exercises, run
+through the checkers (course_utils.exercises.data_parallel), and the notebook's own four steps of DataParallel.
 
 Each wrong answer must be rejected with a message that names its mistake (a substring of
 ``verdict.message``), a hint that names the concept (a substring of ``verdict.hint``, and no code in it),
 and a closer hint that waits until it is asked for. Each right answer, written differently from the
-notebook's solution, must be accepted. The notebook's own solution is taken from its solution cell.
+notebook's solution, must be accepted. The notebook's own solution is taken from its solution cell. Then the
+checkers' first tests (from tests/test_data_parallel_exercises.py; the ones whose names the catalogue had taken
+end in _in_brief).
 
-Takes about 1 s (``pytest tests/test_answers_03_04.py --durations=5``).
+Last, the four steps (scatter, replicate, parallel_apply, gather) and data_parallel, which live in the
+notebook's own cells, the lesson's only copy (from tests/test_parallel.py): they must give what the plain module
+gives. These tests take them from the cells, so that a change to a cell is tested here as well as by nbval.
 """
 
 from __future__ import annotations
 
 import copy
-import heapq
-import itertools
-import json
 import math
-import re
+import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, notebook_functions, notebook_solution
+from answers_helpers import rejected_without_code as rejected
+from answers_helpers import solution_value
+from conftest import notebook_functions, notebook_solution
 from torch import nn
 
-from course_utils import exercises
-from course_utils.hardware import gpus
+from course_utils.devices import cuda_device_count
+from course_utils.distributed.data_parallel import chunk_sizes
 from course_utils.exercises import Verdict
 from course_utils.exercises import data_parallel as dp
-from course_utils.exercises import torch_cuda_api as api
-from course_utils.distributed.data_parallel import chunk_sizes
-
-CODE_IN_HINT = re.compile(r"isinstance\(|hasattr\(|getattr\(|torch\.cat|\.chunk\(|sorted\(|\bint\(|\bdef |return |"
-                          r"lambda|>=|\.join|\.split\(|range\(|\[.*for .* in")
-"""What a first hint must not contain: a call or a line of the answer."""
-
-
-def rejected(verdict: Verdict, mistake: str, concept: str) -> None:
-    """``verdict`` fails, its message names ``mistake``, its hint ``concept``; the closer hint waits."""
-    assert not verdict, f"a wrong answer was accepted: {verdict}"
-    assert mistake in verdict.message, verdict.message
-    assert concept in verdict.hint, verdict.hint
-    assert not CODE_IN_HINT.search(verdict.hint), f"the first hint gives code: {verdict.hint}"
-    assert verdict.closer and verdict.closer != verdict.hint
-    shown = str(verdict)
-    assert verdict.closer not in shown and exercises.ASK in shown  # asked for with %hint, or a second failure
-
-
-def solution_value(stem: str, name: str) -> Any:
-    """The value ``name`` that a notebook's solution cell assigns (for exercises answered with data)."""
-    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
-    for cell in nb["cells"]:
-        source = "".join(cell["source"])
-        if "solution" in cell["metadata"].get("tags", []) and re.search(rf"^{name} = ", source, re.M):
-            namespace: dict[str, Any] = {}
-            code = "\n".join(line for line in source.splitlines() if not re.match(r"[\w.]*check_\w+\(", line))
-            exec(code, namespace)
-            return namespace[name]
-    raise LookupError(f"{stem} has no solution cell assigning {name}")
-
-
-# === 03 · exercise 1: physical to logical =================================================================
-
-NB03 = notebook_functions("03_torch_cuda_api", ("logical_to_physical", "pick_gpus"), tag="solution")
-
-def l2p_sorted(visible, n):
-    return list(range(n)) if visible is None else sorted(int(v) for v in visible.split(",") if v)
-
-
-def l2p_empty_is_unset(visible, n):
-    if not visible:
-        return list(range(n))
-    out = []
-    for v in visible.split(","):
-        if int(v) >= n:
-            break
-        out.append(int(v))
-    return out
-
-
-def l2p_skips_invalid(visible, n):
-    if visible is None:
-        return list(range(n))
-    return [int(v) for v in visible.split(",") if v and int(v) < n]
-
-
-def l2p_keeps_invalid(visible, n):
-    return list(range(n)) if visible is None else [int(v) for v in visible.split(",") if v]
-
-
-def l2p_off_by_one(visible, n):  # a value exactly on the limit: id == n_gpus
-    if visible is None:
-        return list(range(n))
-    out = []
-    for v in visible.split(","):
-        if not v or int(v) > n:
-            break
-        out.append(int(v))
-    return out
-
-
-def l2p_four_gpus(visible, n):  # right for the lesson's 4-GPU table only
-    if visible is None:
-        return list(range(n))
-    out = []
-    for v in visible.split(","):
-        if not v or int(v) >= 4:
-            break
-        out.append(int(v))
-    return out
-
-
-def l2p_strings(visible, n):
-    return [str(i) for i in range(n)] if visible is None else [v for v in visible.split(",") if v]
-
-
-def l2p_stub(visible, n):  # the exercise cell's starting point
-    return [int(v) for v in visible.split(",")]
-
-
-def l2p_logical_ids(visible, n):
-    if visible is None:
-        return list(range(n))
-    return list(range(len(_valid_prefix(visible, n))))
-
-
-def _valid_prefix(visible, n):
-    out = []
-    for v in visible.split(","):
-        if not v.strip().isdigit() or int(v) >= n:
-            break
-        out.append(int(v))
-    return out
-
-
-_LESSON_TABLE = {"2,3": [2, 3], "3,1": [3, 1], "": [], "1,7,2": [1]}
-
-
-def l2p_lesson_table(visible, n):  # right for the rows of the lesson's table only
-    return list(range(n)) if visible is None else _LESSON_TABLE[visible]
-
-
-L2P_WRONG = [
-    (l2p_sorted, "in another order than the list '3,1'", "cuda:0"),
-    (l2p_empty_is_unset, "as if the variable were unset", "empty string"),
-    (l2p_skips_invalid, "left out 7 and kept 2, which comes after it", "after an invalid one"),
-    (l2p_keeps_invalid, "kept 7, but a machine with 4 GPUs has GPUs 0 to 3 only", "does not exist"),
-    (l2p_off_by_one, "kept 4, but a machine with 4 GPUs has GPUs 0 to 3 only", "Which ids exist"),
-    (l2p_four_gpus, "left out 6, 0, 5, which exist on a machine with 8 GPUs", "4-GPU table"),
-    (l2p_strings, "strings, not ints", "What type is each entry"),
-    (l2p_stub, "raised AttributeError", "not set at all"),
-    (l2p_logical_ids, "logical ids cuda:0 to cuda:1, not the physical GPUs", "physical or logical"),
-    (l2p_lesson_table, "logical_to_physical('0', 8) raised KeyError", "Which rule of section 2's table"),
-]
-
-
-@pytest.mark.parametrize(("answer", "mistake", "concept"), L2P_WRONG, ids=[a.__name__ for a, *_ in L2P_WRONG])
-def test_logical_to_physical_wrong(answer: Callable, mistake: str, concept: str) -> None:
-    rejected(api.check_logical_to_physical(answer), mistake, concept)
-
-
-def l2p_takewhile(visible, n_gpus):
-    if visible is None:
-        return list(range(n_gpus))
-    entries = (e.strip() for e in visible.split(","))
-    return [int(e) for e in itertools.takewhile(lambda e: e.isdigit() and int(e) < n_gpus, entries)]
-
-
-def l2p_try_except(visible, n_gpus):
-    if visible is None:
-        return tuple(range(n_gpus))  # a tuple is accepted too
-    ids: list[int] = []
-    for entry in visible.split(","):
-        try:
-            index = int(entry)
-        except ValueError:
-            return tuple(ids)
-        if not 0 <= index < n_gpus:
-            return tuple(ids)
-        ids.append(index)
-    return tuple(ids)
-
-
-def l2p_regex(visible, n_gpus):
-    if visible is None:
-        return range(n_gpus)  # a range is accepted too
-    match = re.match(r"^(\d+(,\d+)*)", visible)
-    out = []
-    for v in (match.group(1).split(",") if match else []):
-        if int(v) >= n_gpus:
-            break
-        out.append(int(v))
-    return out
-
-
-@pytest.mark.parametrize("answer", [NB03["logical_to_physical"], l2p_takewhile,
-                                    l2p_try_except, l2p_regex, gpus.logical_to_physical],
-                         ids=["notebook", "takewhile", "try_except", "regex", "course_utils"])
-def test_logical_to_physical_right(answer: Callable) -> None:
-    verdict = api.check_logical_to_physical(answer)
-    assert verdict, str(verdict)
-
-
-# === 03 · exercise 2: allocated vs reserved ===============================================================
-
-RIGHT_MEMORY = solution_value("03_torch_cuda_api", "prediction")
-R = list(RIGHT_MEMORY)
-MEMORY_WRONG = {
-    "no cache (reserved = allocated)": ([(a, a) for a, _ in R], "reserved dropping from 384 to 128", "cache"),
-    "del gives memory to the driver, z in a new segment":
-        (R[:2] + [(128, 384), (192, 448)] + R[4:], "reserved growing from 384 to 448", "free cached block"),
-    "empty_cache frees a split segment": (R[:4] + [(192, 192)] + R[5:], "reserved dropping from 384 to 192",
-                                          "empty_cache"),
-    "w fits in the hole": (R[:5] + [(392, 384)] + R[6:], "reserved (384) less than allocated (392)",
-                           "smaller than allocated"),
-    "w reuses part of the hole": (R[:5] + [(392, 392)] + R[6:], "reserved growing from 384 to 392",
-                                  "fragmentation"),
-    "empty_cache after del z returns nothing": (R[:6] + [(328, 584)], "reserved staying at 584", "entirely free"),
-    "allocated kept after del": (R[:2] + [(384, 384)] + R[3:], "allocated staying at 384", "tensors alive"),
-    "in bytes": ([(a * 2**20, r * 2**20) for a, r in R], "that is bytes", "bytes are in a MiB"),
-    "in MB": ([(a * 2**20 / 1e6, r * 2**20 / 1e6) for a, r in R], "that is MB", "2**20 bytes"),
-    "pairs swapped": ([(r, a) for a, r in R], "the two look swapped", "smaller than allocated"),
-    "six pairs": (R[:6], "there are 7 steps, you gave 6 pairs", "One (allocated, reserved) pair"),
-    "flat list": ([256, 256, 384, 384], "expected a list of 7 pairs", "One pair per step"),
-}
-
-
-@pytest.mark.parametrize("case", MEMORY_WRONG)
-def test_memory_prediction_wrong(case: str) -> None:
-    answer, mistake, concept = MEMORY_WRONG[case]
-    rejected(api.check_memory_prediction(answer), mistake, concept)
-
-
-@pytest.mark.parametrize("answer", [
-    RIGHT_MEMORY,
-    np.array(api.EXPECTED_MEMORY),                                            # a (7, 2) array
-    [[a * 2**20 / 2**20, r * 2**20 / 2**20] for a, r in api.EXPECTED_MEMORY],  # lists of floats, from bytes
-    tuple((float(a), r + 1e-7) for a, r in api.EXPECTED_MEMORY),             # within the stated 1e-6 MiB
-], ids=["notebook", "numpy", "from_bytes", "tolerance"])
-def test_memory_prediction_right(answer: Any) -> None:
-    verdict = api.check_memory_prediction(answer)
-    assert verdict, str(verdict)
-
-
-# === 03 · exercise 3: pick GPUs ============================================================================
-
-def _qualifying(free, need):
-    return sorted((i for i in free if free[i] >= need), key=lambda i: (-free[i], i))
-
-
-def pick_stub(free, n, need):  # the exercise cell's starting point
-    return ",".join(str(i) for i in list(free)[:n])
-
-
-def pick_ascending(free, n, need):
-    ids = sorted((i for i in free if free[i] >= need), key=lambda i: free[i])
-    if len(ids) < n:
-        raise RuntimeError("not enough GPUs")
-    return ",".join(str(i) for i in ids[:n])
-
-
-def pick_ignores_need(free, n, need):
-    return ",".join(str(i) for i in _qualifying(free, 0)[:n])
-
-
-def pick_strictly_more(free, n, need):  # a value exactly on the limit: free == need_mib
-    ids = sorted((i for i in free if free[i] > need), key=lambda i: (-free[i], i))
-    if len(ids) < n:
-        raise RuntimeError("not enough GPUs")
-    return ",".join(str(i) for i in ids[:n])
-
-
-def pick_dict_order(free, n, need):  # ties right only when the dict lists the lower id first
-    ids = sorted((i for i in free if free[i] >= need), key=lambda i: free[i], reverse=True)
-    if len(ids) < n:
-        raise RuntimeError("not enough GPUs")
-    return ",".join(str(i) for i in ids[:n])
-
-
-def pick_tie_to_higher(free, n, need):
-    pairs = sorted(((free[i], i) for i in free if free[i] >= need), reverse=True)
-    if len(pairs) < n:
-        raise RuntimeError("not enough GPUs")
-    return ",".join(str(i) for _, i in pairs[:n])
-
-
-def pick_positions(free, n, need):  # right only when the ids are 0, 1, 2, ...
-    ids = sorted((i for i in range(len(free)) if free[i] >= need), key=lambda i: (-free[i], i))
-    if len(ids) < n:
-        raise RuntimeError("not enough GPUs")
-    return ",".join(str(i) for i in ids[:n])
-
-
-def pick_deletes(free, n, need):  # changes its input in place
-    chosen = []
-    for _ in range(n):
-        best = max(sorted(free), key=lambda i: free[i])
-        if free[best] < need:
-            raise RuntimeError("not enough GPUs")
-        chosen.append(best)
-        del free[best]
-    return ",".join(str(i) for i in chosen)
-
-
-def pick_index_error(free, n, need):  # "raises" when too few, by accident
-    ids = _qualifying(free, need)
-    return ",".join(str(ids[k]) for k in range(n))
-
-
-def pick_raises_when_none(free, n, need):
-    ids = _qualifying(free, need)
-    if not ids:
-        raise RuntimeError("no GPU has enough memory")
-    return ",".join(str(i) for i in ids[:n])
-
-
-def pick_raises_too_early(free, n, need):
-    ids = _qualifying(free, need)
-    if len(ids) <= n and n > 1:
-        raise RuntimeError("not enough GPUs")
-    if not ids:
-        raise RuntimeError("not enough GPUs")
-    return ",".join(str(i) for i in ids[:n])
-
-
-def pick_list(free, n, need):
-    ids = _qualifying(free, need)
-    if len(ids) < n:
-        raise RuntimeError("not enough GPUs")
-    return ids[:n]
-
-
-PICK_WRONG = [
-    (pick_stub, "it includes GPU 0, which has 2100 MiB free, less than need_mib=80000", "take the job at all"),
-    (pick_ascending, "GPU 2, with 139000 MiB free, was left out for one with less", "most free memory"),
-    (pick_ignores_need, "only 0 GPU(s) have at least 4000 MiB free, fewer than n=1", "instead of answering"),
-    (pick_strictly_more, "GPU 0 has exactly need_mib=40000 MiB free, so 2 GPUs have enough", "exactly need_mib"),
-    (pick_dict_order, "you put 3 first: the dict lists it first", "rule for ties"),
-    (pick_tie_to_higher, "(testing a tie) returned '2,1'", "rule for ties"),
-    (pick_positions, "raised KeyError: 2. The ids of this case are [0, 1, 3]", "keys of the dict"),
-    (pick_deletes, "changed the dict it was given", "table of free memory"),
-    (pick_index_error, "raised IndexError", "say so itself"),
-    (pick_raises_when_none, "returned '0,2', but only 2 GPU(s) have at least 50000 MiB free, fewer than n=3",
-     "instead of answering"),
-    (pick_raises_too_early, "but 3 GPU(s) have at least 80000 MiB free and n=3", "Raise only when"),
-    (pick_list, "returned list [2, 3], not a string", "what type is its value"),
-]
-
-
-@pytest.mark.parametrize(("answer", "mistake", "concept"), PICK_WRONG, ids=[a.__name__ for a, *_ in PICK_WRONG])
-def test_pick_gpus_wrong(answer: Callable, mistake: str, concept: str) -> None:
-    rejected(api.check_pick_gpus(answer), mistake, concept)
-
-
-def pick_heapq(free_mib, n, need_mib):
-    fits = [i for i, f in free_mib.items() if f >= need_mib]
-    if len(fits) < n:
-        raise ValueError(f"{len(fits)} GPUs have {need_mib} MiB free, {n} asked for")
-    return ", ".join(map(str, heapq.nlargest(n, fits, key=lambda i: (free_mib[i], -i))))  # spaces: fine
-
-
-def pick_items(free_mib, n, need_mib):
-    ranked = sorted(free_mib.items(), key=lambda kv: (-kv[1], kv[0]))
-    chosen = [gpu for gpu, free in ranked if free >= need_mib][:n]
-    if len(chosen) != n:
-        raise RuntimeError("too few GPUs with enough free memory")
-    return ",".join(f"{gpu}" for gpu in chosen)
-
-
-def pick_course_utils(free_mib, n, need_mib):
-    return gpus.choose_gpus([gpus.GpuMemory(i, f, 143_771) for i, f in free_mib.items()], n, need_mib)
-
-
-@pytest.mark.parametrize("answer", [NB03["pick_gpus"], pick_heapq, pick_items,
-                                    pick_course_utils], ids=["notebook", "heapq", "items", "course_utils"])
-def test_pick_gpus_right(answer: Callable) -> None:
-    verdict = api.check_pick_gpus(answer)
-    assert verdict, str(verdict)
-
+from course_utils.exercises.data_parallel import (
+    CHUNK_CASES,
+    check_chunk_predictions,
+    check_dict_scatter_gather,
+    check_unwrap,
+)
 
 # === 04 · 7.1: predict the chunks ===========================================================================
 
 RIGHT_CHUNKS = solution_value("04_data_parallel", "predictions")
+
+
 CHUNKS_WRONG = {
     "balanced over every GPU (9, 4)": ({**RIGHT_CHUNKS, (9, 4): [3, 2, 2, 2]}, (9, 4),
                                        "spreads the samples over all 4 GPUs as evenly as possible",
@@ -560,6 +222,8 @@ def test_unwrap_right(answer: Callable) -> None:
 # === 04 · 7.3: scatter and gather a dict batch ==============================================================
 
 SCATTER = notebook_solution("04_data_parallel", "scatter_dict")
+
+
 GATHER = notebook_solution("04_data_parallel", "gather_dict")
 
 
@@ -721,19 +385,327 @@ def test_dict_scatter_gather_right(scatter: Callable, gather: Callable) -> None:
     assert verdict, str(verdict)
 
 
-# === every checker ===========================================================================================
+# === every checker of notebook 04 (test_answers_03.py: notebook 03's) ======================================
 
-@pytest.mark.parametrize("checker", [api.check_logical_to_physical, api.check_pick_gpus, dp.check_unwrap])
+@pytest.mark.parametrize("checker", [dp.check_unwrap])
 def test_not_a_function(checker: Callable[..., Verdict]) -> None:
     rejected(checker("2,3"), "expected a function, got str", "function itself")
 
 
-def test_every_checker_counts_failures_for_the_closer_hint() -> None:
-    """All public checkers are decorated with `exercise`: the second failure shows the closer hint."""
-    for module in (api, dp):
-        for name in module.__all__:
-            if name.startswith("check_"):
-                checker = getattr(module, name)
-                assert checker.__wrapped__, f"{module.__name__}.{name} is not decorated with @exercise"
-    assert "Closer hint:" not in str(api.check_pick_gpus(pick_stub))
-    assert "Closer hint:" in str(api.check_pick_gpus(pick_ascending))
+# --- the checkers' first tests (from tests/test_data_parallel_exercises.py) ----------------------------------
+
+def _right() -> dict:
+    return {case: chunk_sizes(*case) for case in CHUNK_CASES}
+
+
+def test_chunk_predictions_right_in_brief() -> None:
+    v = check_chunk_predictions(_right())
+    assert v and "[3, 3, 3]" not in str(v)  # a solution's stored output prints no answer
+
+
+def test_chunk_predictions_wrong_in_brief() -> None:
+    v = check_chunk_predictions({**_right(), (9, 4): [3, 2, 2, 2]})
+    assert not v and "[3, 2, 2, 2] spreads the samples over all 4 GPUs" in v.message and "[3, 3, 3]" not in str(v)
+    v = check_chunk_predictions({**_right(), (17, 3): [5, 6, 6]})
+    assert not v and "the sizes are right, their order is not" in v.message
+    v = check_chunk_predictions({**_right(), (16, 2): [8, 7]})
+    assert not v and "add up to 15, but the batch has 16" in v.message
+    v = check_chunk_predictions({**_right(), (10, 8): ...})
+    assert not v and "not filled in" in v.message
+    v = check_chunk_predictions({(16, 2): [8, 8]})
+    assert not v and "no prediction for" in v.message
+    assert not check_chunk_predictions([8, 8])
+
+
+def test_chunk_predictions_extra_keys() -> None:
+    v = check_chunk_predictions({**_right(), (5, 2): [9]})  # a case not asked about, predicted wrong
+    assert not v and "(5, 2) is not a case of the exercise" in v.message and "add up to 9" in v.message
+    v = check_chunk_predictions({**_right(), (5, 2): [3, 2]})  # predicted right: accepted, and named
+    assert v and "(5, 2) is not a case of the exercise" in v.message
+
+
+def test_unwrap() -> None:
+    assert check_unwrap(lambda m: m.module if isinstance(m, nn.DataParallel) else m)
+    v = check_unwrap(lambda m: m.module)
+    assert not v and "raised AttributeError" in v.message
+    v = check_unwrap(lambda m: getattr(m, "module", m))
+    assert not v and "returned its layer 'module'" in v.message and "isinstance" not in v.hint and "isinstance" in v.closer
+    v = check_unwrap(lambda m: m)
+    assert not v and "nn.DataParallel(model)" in v.message
+    assert not check_unwrap("net.module")
+
+
+def test_unwrap_second_run() -> None:
+    """A test of the class's name, of the state_dict keys or of the only child, and .eval() on the way."""
+    v = check_unwrap(lambda m: m.module if "DataParallel" in type(m).__name__ else m)
+    assert not v and "returned the wrapper itself (_ForwardingWrapper)" in v.message
+    v = check_unwrap(lambda m: m.module if all(k.startswith("module.") for k in m.state_dict()) else m)
+    assert not v and "a plain model whose only layer is named 'module'" in v.message
+    v = check_unwrap(lambda m: m.module if list(m._modules) == ["module"] else m)
+    assert not v and "returned its layer 'module'" in v.message
+    v = check_unwrap(lambda m: m.module.eval() if isinstance(m, nn.DataParallel) else m)
+    assert not v and "changed the model's training mode (model.training True → False" in v.message
+    v = check_unwrap(lambda m: (m.module if isinstance(m, nn.DataParallel) else m).train())
+    assert not v and "changed the model's training mode" in v.message
+
+
+# the notebook's solution cell is the right answer (tensors cut with .chunk, flags copied, cat in order)
+_scatter_dict = notebook_solution("04_data_parallel", "scatter_dict")
+
+
+_gather_dict = notebook_solution("04_data_parallel", "gather_dict")
+
+
+def test_dict_scatter_gather_right_in_brief() -> None:
+    assert check_dict_scatter_gather(_scatter_dict, _gather_dict)
+
+
+def test_dict_scatter_gather_wrong_in_brief() -> None:
+    def always_n(batch: dict, n: int) -> list[dict]:  # tensor_split gives n chunks, some empty
+        parts = {k: v.tensor_split(n) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        return [{k: (parts[k][i] if k in parts else v) for k, v in batch.items()} for i in range(n)]
+
+    v = check_dict_scatter_gather(always_n, _gather_dict)
+    # 10 on 4: tensor_split gives 3, 3, 2, 2 where DataParallel (torch.chunk) gives 3, 3, 3, 1
+    assert not v and "[3, 3, 2, 2] samples, as even as possible" in v.message
+
+    def drops_flag(batch: dict, n: int) -> list[dict]:
+        return [{k: c for k, c in d.items() if k != "augment"} for d in _scatter_dict(batch, n)]
+
+    v = check_dict_scatter_gather(drops_flag, _gather_dict)
+    assert not v and "chunk 0 has keys ['image', 'label']" in v.message
+
+    def reversed_gather(outputs: list[dict]) -> dict:
+        return _gather_dict(outputs[::-1])
+
+    v = check_dict_scatter_gather(_scatter_dict, reversed_gather)
+    assert not v and "not in the batch's order" in v.message
+    assert not check_dict_scatter_gather(None, _gather_dict)
+
+    def detached_gather(outputs: list[dict]) -> dict:
+        return {k: torch.cat([o[k].detach() for o in outputs]) for k in outputs[0]}
+
+    v = check_dict_scatter_gather(_scatter_dict, detached_gather)
+    assert not v and "requires_grad=False" in v.message and "lost its graph" in v.message
+
+
+# === the notebook's own steps of DataParallel (from tests/test_parallel.py) ==================================
+
+# what the notebook's steps use from elsewhere
+NAMESPACE = {"copy": copy, "threading": threading, "warnings": warnings, "torch": torch, "nn": nn}
+
+
+STEPS = ("scatter", "replicate", "parallel_apply", "gather", "data_parallel")
+
+
+@pytest.fixture(scope="module")
+def nb() -> Any:
+    """The notebook's functions, as attributes: nb.scatter, nb.replicate, ..."""
+    return type("NotebookSteps", (), {k: staticmethod(v) for k, v in notebook_functions("04_data_parallel", STEPS, NAMESPACE).items()})
+
+
+def _mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+
+
+def _grads(module: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in module.parameters()]
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    """A scalar that depends on every element of ``out``, each weighted differently."""
+    return (out * torch.linspace(0.5, 1.5, out.numel()).reshape(out.shape)).sum()
+
+
+def _compare(nb: Any, module: nn.Module, n: int, x: torch.Tensor, dim: int = 0) -> None:
+    """Forward and backward through the module and through the notebook's data_parallel: same outputs,
+    parameter gradients and input gradients."""
+    ref_module = copy.deepcopy(module)
+    ref_x = x.detach().clone().requires_grad_()
+    ref_out = ref_module(ref_x)
+    _loss(ref_out).backward()
+
+    dp_x = x.detach().clone().requires_grad_()
+    out = nb.data_parallel(module, (dp_x,), n, dim)
+    _loss(out).backward()
+
+    torch.testing.assert_close(out, ref_out)
+    for g, g_ref in zip(_grads(module), _grads(ref_module), strict=True):
+        torch.testing.assert_close(g, g_ref)
+    torch.testing.assert_close(dp_x.grad, ref_x.grad)
+
+
+def test_notebook_scatter_agrees_with_chunk_sizes(nb: Any) -> None:
+    for batch, n in [(9, 4), (10, 8), (16, 2), (3, 4), (17, 3)]:
+        assert [len(c[0]) for c in nb.scatter((torch.zeros(batch, 2),), n)] == chunk_sizes(batch, n)
+
+
+def test_scatter_tensors_and_other_arguments(nb: Any) -> None:
+    x = torch.arange(10).reshape(5, 2)
+    parts = nb.scatter((x, "flag", 3.0), 2)
+    assert len(parts) == 2 and all(len(p) == 3 for p in parts)
+    assert torch.equal(parts[0][0], x[:3]) and torch.equal(parts[1][0], x[3:])
+    assert parts[1][1:] == ("flag", 3.0)
+    # 3 samples of one tensor and 8 of another on 4 devices: only 3 replicas get both
+    assert len(nb.scatter((torch.zeros(3, 1), torch.zeros(8, 1)), 4)) == 3
+    seq = torch.zeros(5, 6, 4)  # (time, batch, features), cut along dim 1
+    assert [c[0].shape for c in nb.scatter((seq,), 4, dim=1)] == [(5, 2, 4)] * 3
+
+
+def test_replicas_copy_parameters_differentiably_and_sum_gradients(nb: Any) -> None:
+    net = _mlp()
+    replicas = nb.replicate(net, 3)
+    assert len(replicas) == 3 and all(type(r) is nn.Sequential for r in replicas)
+    for r in replicas:
+        w = r[0].weight
+        assert w is not net[0].weight and torch.equal(w, net[0].weight)
+        assert w.grad_fn.next_functions[0][0].variable is net[0].weight
+        assert list(r.parameters()) == []  # the copies are plain attributes, not Parameters
+    x = torch.randn(6, 5)
+    sum(r(x).sum() for r in replicas).backward()
+    single = _mlp()
+    (3 * single(x).sum()).backward()
+    torch.testing.assert_close(net[0].weight.grad, single[0].weight.grad)
+
+
+def test_replicas_share_attributes_and_replica_0_the_buffers(nb: Any) -> None:
+    class Noted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[int] = []
+            self.bn = nn.BatchNorm1d(2)
+
+    net = Noted()
+    r0, r1 = nb.replicate(net, 2)
+    assert r0.seen is net.seen and r1.seen is net.seen  # a shallow copy: the same list
+    assert r0.bn.running_mean is net.bn.running_mean
+    assert r1.bn.running_mean is not net.bn.running_mean
+    assert torch.equal(r1.bn.running_mean, net.bn.running_mean)
+
+
+def test_replicate_under_no_grad_detaches(nb: Any) -> None:
+    with torch.no_grad():
+        replicas = nb.replicate(_mlp(), 2)
+    assert not any(r[0].weight.requires_grad for r in replicas)
+
+
+def test_parallel_apply_uses_one_thread_per_replica_and_keeps_order(nb: Any) -> None:
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    class Who(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with lock:
+                seen.append(threading.current_thread().name)
+            return x * 2
+
+    replicas = nb.replicate(Who(), 3)
+    outs = nb.parallel_apply(replicas, [(torch.full((1,), float(i)),) for i in range(3)])
+    assert [o.item() for o in outs] == [0.0, 2.0, 4.0]
+    assert sorted(seen) == ["replica-0", "replica-1", "replica-2"]
+
+
+def test_parallel_apply_reports_the_failing_replica(nb: Any) -> None:
+    net = nn.Linear(4, 2)
+    with pytest.raises(RuntimeError, match=r"Caught RuntimeError in replica 1: .*mat1 and mat2") as info:
+        nb.parallel_apply(nb.replicate(net, 2), [(torch.zeros(2, 4),), (torch.zeros(2, 3),)])
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_grad_mode_reaches_the_threads(nb: Any) -> None:
+    with torch.no_grad():
+        out = nb.data_parallel(_mlp(), (torch.randn(6, 5),), 3)
+    assert out.grad_fn is None and not out.requires_grad
+
+
+def test_gather_concatenates_in_order_and_warns_on_scalars(nb: Any) -> None:
+    assert nb.gather([torch.zeros(2, 1), torch.ones(1, 1)]).flatten().tolist() == [0.0, 0.0, 1.0]
+    assert nb.gather([torch.zeros(1, 2), torch.ones(1, 1)], dim=1).tolist() == [[0.0, 0.0, 1.0]]
+    with pytest.warns(UserWarning, match="all input tensors were scalars; will instead unsqueeze"):
+        v = nb.gather([torch.tensor(1.0), torch.tensor(2.0)])
+    assert v.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize(("batch", "n"), [(16, 2), (9, 4), (10, 8), (7, 3), (17, 4), (3, 4), (1, 4), (5, 1)])
+def test_outputs_and_gradients_match_plain_module(nb: Any, batch: int, n: int) -> None:
+    """Uneven batches, batches smaller than n_devices (fewer replicas), and one device."""
+    _compare(nb, _mlp(), n, torch.randn(batch, 5))
+
+
+def test_dim_1(nb: Any) -> None:
+    """A sequence-first batch (time, batch, features), cut along dim 1."""
+    _compare(nb, _mlp(1), 3, torch.randn(4, 8, 5), dim=1)
+
+
+def test_batchnorm_buffers_like_data_parallel(nb: Any) -> None:
+    """Train mode: each chunk is normalised with its own statistics and the running stats come from
+    the first chunk only (replica 0 owns the real buffers). Eval mode: same as the plain module."""
+    torch.manual_seed(7)
+    x = torch.randn(10, 4) * 3 + 1
+    bn = nn.BatchNorm1d(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = nb.data_parallel(bn, (x,), 2)
+    first = nn.BatchNorm1d(4)
+    want_first = first(x[:5])
+    torch.testing.assert_close(bn.running_mean, first.running_mean)
+    torch.testing.assert_close(bn.running_var, first.running_var)
+    assert bn.num_batches_tracked.item() == 1
+    torch.testing.assert_close(out[:5], want_first)
+    torch.testing.assert_close(out[5:], nn.BatchNorm1d(4)(x[5:]))
+    assert not torch.allclose(out, nn.BatchNorm1d(4)(x))  # not the whole-batch statistics
+
+    bn.eval()
+    _compare(nb, bn, 3, x)
+
+
+def test_attribute_updates_in_forward_are_lost(nb: Any) -> None:
+    class Counter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+            self.linear = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            return self.linear(x)
+
+    net = Counter()
+    nb.data_parallel(net, (torch.zeros(4, 2),), 2)
+    assert net.calls == 0
+
+
+def test_scalar_output_becomes_one_value_per_replica(nb: Any) -> None:
+    class LossInside(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(3, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(x).pow(2).mean()
+
+    torch.manual_seed(6)
+    net, x = LossInside(), torch.randn(9, 3)
+    with pytest.warns(UserWarning, match="scalars; will instead unsqueeze"):
+        losses = nb.data_parallel(net, (x,), 4)
+    assert losses.shape == (3,)  # 9 samples on 4 devices: 3 replicas
+    torch.testing.assert_close(losses, torch.stack([net(c) for c in x.chunk(4)]).detach())
+
+
+@pytest.mark.skipif(cuda_device_count() < 2, reason="needs 2 CUDA GPUs to run the real nn.DataParallel")
+def test_matches_real_data_parallel_on_two_gpus(nb: Any) -> None:
+    torch.manual_seed(8)
+    net = nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7), nn.ReLU(), nn.Linear(7, 3))
+    cpu_net = copy.deepcopy(net)
+    x = torch.randn(9, 5)
+    dp = nn.DataParallel(net.to("cuda:0"), device_ids=[0, 1])
+    out = dp(x.to("cuda:0"))
+    _loss(out).backward()
+    cpu_out = nb.data_parallel(cpu_net, (x,), 2)
+    _loss(cpu_out).backward()
+    torch.testing.assert_close(out.cpu(), cpu_out, atol=1e-4, rtol=1e-4)
+    for p, q in zip(net.parameters(), cpu_net.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-4, rtol=1e-4)
+    for b, c in zip(net.buffers(), cpu_net.buffers(), strict=True):
+        torch.testing.assert_close(b.cpu(), c, atol=1e-5, rtol=1e-5)

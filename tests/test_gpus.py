@@ -1,4 +1,6 @@
-"""Tests of course_utils.hardware.gpus, course_utils.memory.max_batch_size and the notebook 03 checkers (CPU only)."""
+"""course_utils.hardware.gpus: the parsers of nvidia-smi's output (the 2019 lecture's grep pipeline and the
+proper ones), the reports captured on a GPU host, logical_to_physical and choose_gpus, and the queries on machines
+without a GPU, without nvidia-smi or with a fake one (CPU only)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,12 @@ import shutil
 import stat
 import subprocess
 import sys
-import weakref
 from pathlib import Path
 
 import pytest
 import torch
 
-from course_utils import subprocesses
 from course_utils.hardware import gpus
-from course_utils.memory import max_batch_size as memory
-from course_utils.exercises import torch_cuda_api
 from course_utils.hardware.gpus import GpuMemory, NoGpuError
 
 # Hand-written examples of the *layout* of `nvidia-smi -q -d Memory` (values made up, not a capture):
@@ -56,6 +54,8 @@ GPU 00000000:2A:00.0
         Used                              : 1 MiB
         Free                              : 3999 MiB
 """
+
+
 OLD_LAYOUT = "\n".join(line for line in CURRENT_LAYOUT.splitlines() if "Reserved" not in line)
 
 
@@ -220,160 +220,3 @@ def test_query_torch_cpu_build_does_not_start_a_process(monkeypatch):
         gpus.query_torch()
     with pytest.raises(ValueError):
         gpus.free_gpu_memory("nvml")
-
-
-def test_run_python_env():
-    code = "import os; print(repr(os.environ.get('A_VAR')), repr(os.environ.get('B_VAR')))"
-    os.environ["B_VAR"] = "parent"
-    try:
-        assert subprocesses.run_python(code, env={"A_VAR": "1,0", "B_VAR": None}).strip() == "'1,0' None"
-        assert subprocesses.run_python(code).strip() == "None 'parent'"
-    finally:
-        del os.environ["B_VAR"]
-    assert "(exit status 3)" in subprocesses.run_python("import sys; sys.exit(3)")
-
-
-# --- memory ---------------------------------------------------------------------------------------------
-
-def _fake_step(limit: int, log: list | None = None):
-    def step(batch_size: int) -> None:
-        activations = torch.empty(batch_size)  # stands for the step's tensors
-        if log is not None:
-            log.append(weakref.ref(activations))
-        if batch_size > limit:
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch_size} units.")
-    return step
-
-
-def test_find_max_batch_size_halves(capsys):
-    assert memory.find_max_batch_size(_fake_step(300), start=1024, verbose=True) == 256
-    assert capsys.readouterr().out.splitlines() == [
-        "batch size   1024: out of memory", "batch size    512: out of memory", "batch size    256: fits"]
-    assert memory.find_max_batch_size(_fake_step(5000), start=1024) == 1024
-
-
-def test_find_max_batch_size_refine():
-    assert memory.find_max_batch_size(_fake_step(300), start=1024, refine=True) == 300
-    assert memory.find_max_batch_size(_fake_step(1), start=64, refine=True) == 1
-
-
-def test_find_max_batch_size_frees_tensors_of_failed_steps():
-    log: list = []
-    memory.find_max_batch_size(_fake_step(100, log), start=800)
-    assert len(log) == 4 and all(ref() is None for ref in log)
-
-
-def test_find_max_batch_size_errors():
-    with pytest.raises(ValueError, match="even batch size 4 does not fit"):
-        memory.find_max_batch_size(_fake_step(0), start=16, min_size=4)
-    with pytest.raises(ValueError):
-        memory.find_max_batch_size(_fake_step(10), start=0)
-
-    def broken(batch_size: int) -> None:
-        raise RuntimeError("shape mismatch")
-
-    with pytest.raises(RuntimeError, match="shape mismatch"):  # only OOM means "smaller"
-        memory.find_max_batch_size(broken)
-
-
-# --- exercise checkers ----------------------------------------------------------------------------------
-
-def test_check_logical_to_physical():
-    assert torch_cuda_api.check_logical_to_physical(gpus.logical_to_physical)
-
-    def sorted_ids(visible, n):
-        return list(range(n)) if visible is None else sorted(int(v) for v in visible.split(",") if v)
-
-    def empty_means_all(visible, n):
-        return list(range(n)) if not visible else [int(v) for v in visible.split(",")]
-
-    def skips_invalid(visible, n):
-        if visible is None:
-            return list(range(n))
-        return [int(v) for v in visible.split(",") if v and int(v) < n]
-
-    def crashes_on_none(visible, n):
-        return [int(v) for v in visible.split(",") if v]
-
-    v = torch_cuda_api.check_logical_to_physical(sorted_ids)
-    assert not v and "another order than the list" in v.message and "cuda:0" in v.hint
-    v = torch_cuda_api.check_logical_to_physical(empty_means_all)
-    assert not v and "as if the variable were unset" in v.message and "empty string" in v.hint
-    v = torch_cuda_api.check_logical_to_physical(skips_invalid)
-    assert not v and "left out 7 and kept 2" in v.message and "after an invalid one" in v.hint
-    v = torch_cuda_api.check_logical_to_physical(crashes_on_none)
-    assert not v and "raised AttributeError" in v.message and "not set at all" in v.hint
-    v = torch_cuda_api.check_logical_to_physical(lambda visible, n: {0: 2, 1: 3})
-    assert not v and "dict" in v.message
-    assert not torch_cuda_api.check_logical_to_physical("2,3")
-
-
-def test_check_memory_prediction():
-    right = list(torch_cuda_api.EXPECTED_MEMORY)
-    assert torch_cuda_api.check_memory_prediction(right)
-    assert torch_cuda_api.check_memory_prediction([(float(a), float(r)) for a, r in right])
-    # del gives memory back to the driver (it does not)
-    wrong = right[:2] + [(128, 128)] + right[3:]
-    v = torch_cuda_api.check_memory_prediction(wrong)
-    assert not v and "step 3" in v.message and "reserved dropping from 384 to 128" in v.message and "cache" in v.hint
-    # empty_cache releases a split segment (it does not)
-    wrong = right[:4] + [(192, 192)] + right[5:]
-    v = torch_cuda_api.check_memory_prediction(wrong)
-    assert not v and "step 5" in v.message and "empty_cache" in v.hint and "entirely free" in v.closer
-    # w reuses the 192 MiB that is left (it cannot)
-    wrong = right[:5] + [(392, 392)] + right[6:]
-    v = torch_cuda_api.check_memory_prediction(wrong)
-    assert not v and "step 6" in v.message and "fragmentation" in v.hint
-    v = torch_cuda_api.check_memory_prediction([(a, a) for a, _ in right])
-    assert not v and "step 3" in v.message
-    v = torch_cuda_api.check_memory_prediction([(256, 0)] + right[1:])
-    assert not v and "less than allocated" in v.message
-    assert not torch_cuda_api.check_memory_prediction(right[:5])
-    assert not torch_cuda_api.check_memory_prediction("256, 256")
-    assert not torch_cuda_api.check_memory_prediction(None)
-
-
-def _reference_pick(free, n, need):
-    ids = sorted((i for i in free if free[i] >= need), key=lambda i: (-free[i], i))
-    if len(ids) < n:
-        raise RuntimeError(f"only {len(ids)} GPUs have {need} MiB free")
-    return ",".join(str(i) for i in ids[:n])
-
-
-def test_check_pick_gpus():
-    assert torch_cuda_api.check_pick_gpus(_reference_pick)
-    assert torch_cuda_api.check_pick_gpus(lambda f, n, need: _reference_pick(f, n, need).replace(",", ", "))
-
-    def first_n(free, n, need):
-        return ",".join(str(i) for i in list(free)[:n])
-
-    def ascending(free, n, need):
-        ids = sorted((i for i in free if free[i] >= need), key=lambda i: free[i])
-        if len(ids) < n:
-            raise RuntimeError
-        return ",".join(str(i) for i in ids[:n])
-
-    def ignores_need(free, n, need):
-        return _reference_pick(free, n, 0)
-
-    def as_list(free, n, need):
-        return [int(i) for i in _reference_pick(free, n, need).split(",")]
-
-    def tie_to_higher(free, n, need):
-        ids = sorted((i for i in free if free[i] >= need), key=lambda i: (free[i], i), reverse=True)
-        if len(ids) < n:
-            raise RuntimeError
-        return ",".join(str(i) for i in ids[:n])
-
-    v = torch_cuda_api.check_pick_gpus(first_n)
-    assert not v and "the example" in v.message and "includes GPU 0" in v.message
-    v = torch_cuda_api.check_pick_gpus(ascending)
-    assert not v and "GPU 2, with 139000 MiB free, was left out for one with less" in v.message
-    v = torch_cuda_api.check_pick_gpus(ignores_need)
-    assert not v and "only 0 GPU(s) have at least 4000 MiB free" in v.message and "instead of answering" in v.hint
-    v = torch_cuda_api.check_pick_gpus(as_list)
-    assert not v and "not a string" in v.message
-    v = torch_cuda_api.check_pick_gpus(tie_to_higher)
-    assert not v and "a tie" in v.message and "you put 2 first" in v.message and "rule for ties" in v.hint
-    v = torch_cuda_api.check_pick_gpus(lambda f, n, need: 1 / 0)
-    assert not v and "ZeroDivisionError" in v.message

@@ -1,0 +1,96 @@
+"""Helpers shared by the checker catalogues of notebooks 00 to 04 (tests/test_answers_00.py to
+test_answers_04.py): what a verdict on a wrong or a right answer must look like, and a notebook's solution cell
+read as code (what a hint must not hand over) or as a value (exercises answered with data). Not a test module:
+pytest does not collect it (its name does not start with test_); the catalogues import it as conftest is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from conftest import ROOT
+
+from course_utils import exercises
+from course_utils.exercises import Verdict
+
+# --- notebooks 00, 01 and 02: hints that hand over no line of the notebook's solution ----------------------
+
+def solution_code(stem: str, name: str) -> list[str]:
+    """The code of the solution cell of notebook ``stem`` that mentions ``name``: its lines without comments,
+    and the expressions of its assignments and returns (what a hint must not hand over)."""
+    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
+    source = next("".join(c["source"]) for c in nb["cells"]
+                  if "solution" in c["metadata"].get("tags", []) and name in "".join(c["source"]))
+    pieces = []
+    for line in source.splitlines():
+        code = line.split("  #")[0].strip()
+        if not code or code.startswith(("#", "def ", "check_", "'''")):
+            continue
+        pieces.append(code)
+        expression = code.split(" = ", 1)[1] if " = " in code else code.removeprefix("return ")
+        if expression != code and re.search(r"\(\s*[^)\s]", expression):  # a call with arguments
+            pieces.append(expression)
+    return [p for p in pieces if len(p) >= 12]
+
+
+SOLUTIONS = {
+    "00": solution_code("00_setup", "check_tensor_on_device"),
+    "01": solution_code("01_cpu_vs_gpu", "def time_per_call"),
+    "02-1": solution_code("02_moving_data", "def train_epoch"),
+    "02-2": solution_code("02_moving_data", "def train_step"),
+    "02-3": solution_code("02_moving_data", "check_quiz"),
+}
+
+
+def rejected_without_solution_lines(verdict: Verdict, mistake: str, concept: str, solution: str) -> None:
+    """``verdict`` fails; its message names ``mistake``; its first hint names ``concept`` and hands over no
+    line of the solution; its closer hint (when it has one) is held back on a first failure and pastes no
+    solution line either."""
+    assert isinstance(verdict, Verdict) and not verdict, str(verdict)
+    assert mistake in verdict.message, verdict.message
+    assert concept in verdict.hint, verdict.hint
+    for code in SOLUTIONS[solution]:
+        assert code not in verdict.hint, f"the hint hands over {code!r}"
+        if "(" in code and " = " in code:  # a whole assignment line of the solution
+            assert code not in verdict.closer, f"the closer hint pastes {code!r}"
+    if verdict.closer:
+        assert verdict.closer not in str(verdict) and "%hint" in str(verdict)
+        assert verdict.closer in str(verdict.closer_hint())
+
+
+def accepted(verdict: Verdict) -> None:
+    assert isinstance(verdict, Verdict) and verdict, str(verdict)
+    assert str(verdict).startswith("✔ Correct.")
+
+
+# --- notebooks 03 and 04: first hints without code ---------------------------------------------------------
+
+CODE_IN_HINT = re.compile(r"isinstance\(|hasattr\(|getattr\(|torch\.cat|\.chunk\(|sorted\(|\bint\(|\bdef |return |"
+                          r"lambda|>=|\.join|\.split\(|range\(|\[.*for .* in")
+"""What a first hint must not contain: a call or a line of the answer."""
+
+
+def rejected_without_code(verdict: Verdict, mistake: str, concept: str) -> None:
+    """``verdict`` fails, its message names ``mistake``, its hint ``concept``; the closer hint waits."""
+    assert not verdict, f"a wrong answer was accepted: {verdict}"
+    assert mistake in verdict.message, verdict.message
+    assert concept in verdict.hint, verdict.hint
+    assert not CODE_IN_HINT.search(verdict.hint), f"the first hint gives code: {verdict.hint}"
+    assert verdict.closer and verdict.closer != verdict.hint
+    shown = str(verdict)
+    assert verdict.closer not in shown and exercises.ASK in shown  # asked for with %hint, or a second failure
+
+
+def solution_value(stem: str, name: str) -> Any:
+    """The value ``name`` that a notebook's solution cell assigns (for exercises answered with data)."""
+    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        source = "".join(cell["source"])
+        if "solution" in cell["metadata"].get("tags", []) and re.search(rf"^{name} = ", source, re.M):
+            namespace: dict[str, Any] = {}
+            code = "\n".join(line for line in source.splitlines() if not re.match(r"[\w.]*check_\w+\(", line))
+            exec(code, namespace)
+            return namespace[name]
+    raise LookupError(f"{stem} has no solution cell assigning {name}")

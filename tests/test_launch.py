@@ -1,0 +1,35 @@
+"""course_utils.distributed.launch: what comes back from the workers, and how a failure to send it is reported."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from course_utils.distributed import launch as L
+
+
+def returns_a_generator(rank: int, world_size: int) -> Iterator[int]:
+    """A worker whose result cannot be pickled, so cannot be sent back to the launcher."""
+    return (i for i in range(rank, world_size))
+
+
+def test_an_unpicklable_result_is_reported_as_such_not_as_a_timeout() -> None:
+    """The queue pickles what a worker puts in a thread of its own, which drops what it cannot pickle: the
+    launcher used to wait for the result until its timeout and report that. It is this rank's error."""
+    start = time.monotonic()
+    with pytest.raises(L.WorkerError) as info:
+        L.launch(returns_a_generator, 1, quiet=True, timeout=30)
+    text = str(info.value)
+    assert "returns_a_generator failed on rank 0" in text
+    assert "returns_a_generator returned generator <generator object" in text
+    assert "cannot be pickled to send it back to the launching process" in text
+    assert "finished within" not in text and "died with exit code" not in text
+    assert time.monotonic() - start < 25
+
+
+def test_a_result_that_cannot_be_unpickled_here_names_its_rank() -> None:
+    with pytest.raises(L.WorkerError, match=r"returns_a_generator: the result of rank 1 cannot be unpickled in "
+                                            r"this process \(UnpicklingError: "):
+        L._unpacked(returns_a_generator, 1, b"not a pickle")
