@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from conftest import ROOT, notebook_functions, notebook_solution
 from torch import nn
+from trace_events import op as _op
+from trace_events import write_trace as _trace
 
 from course_utils import exercises
 from course_utils.exercises import Verdict
@@ -405,17 +407,6 @@ def test_loader_ratio_exactly_on_the_budget(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 # --- the checkers' first tests (from tests/test_performance_toolbox.py) ---------------------------------------
-
-# (test_traces.py has these two too)
-def _trace(tmp_path: Path, events: list[dict]) -> Path:
-    path = tmp_path / "trace.json"
-    path.write_text(json.dumps({"traceEvents": events}))
-    return path
-
-
-def _op(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
-
 
 def test_profile_reading_checker() -> None:
     spans = traces.read_trace(ex.MYSTERY_TRACE)

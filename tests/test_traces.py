@@ -12,18 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from trace_events import op as _op
+from trace_events import write_trace as _trace
 
 from course_utils.performance import traces
-
-
-def _trace(tmp_path: Path, events: list[dict]) -> Path:
-    path = tmp_path / "trace.json"
-    path.write_text(json.dumps({"traceEvents": events}))
-    return path
-
-
-def _op(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
 
 
 def test_read_trace_keeps_outermost_ops_kernels_and_steps(tmp_path: Path) -> None:
