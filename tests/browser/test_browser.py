@@ -46,21 +46,21 @@ import pytest
 
 playwright_sync = pytest.importorskip("playwright.sync_api", reason="make browser-test installs playwright")
 
-ROOT = Path(__file__).resolve().parents[2]
-# BROWSER_NOTEBOOKS_DIR: another folder of notebooks to run (e.g. to see the test fail on a broken one).
-NOTEBOOK_DIR = Path(os.environ.get("BROWSER_NOTEBOOKS_DIR", ROOT / "notebooks"))
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-# One notebook of the Chinese edition as well (notebooks/zh/: the English code, generated): 06 reads data/,
-# which its setup cell reaches by moving into notebooks/.
-ZH_IN_LAB = [p for p in [NOTEBOOK_DIR / "zh" / "06_loading_across_devices.ipynb"] if p.is_file()]
-OUTPUT = ROOT / "test-output" / "browser"
-SITE = ROOT / "site"
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+from browser_support import (  # noqa: E402
+    NOTEBOOK_DIR,
+    NOTEBOOKS,
+    OUTPUT,
+    ROOT,
+    SITE,
+    VIEWPORT,
+    ZH_IN_LAB,
+    offline_context,
+    open_site,
+    search,
+)
+
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 NOTEBOOK_TIMEOUT_S = float(os.environ.get("BROWSER_NOTEBOOK_TIMEOUT", "300"))
-VIEWPORT = {"width": 1400, "height": 1000}
 
 # JupyterLab user settings for the test: every cell in the DOM (no windowing), no news, no update check.
 LAB_SETTINGS = {
@@ -158,32 +158,6 @@ def lab(tmp_path_factory):
         log.close()
         OUTPUT.mkdir(parents=True, exist_ok=True)
         shutil.copy(tmp / "jupyterlab.log", OUTPUT / "jupyterlab.log")
-
-
-@pytest.fixture(scope="session")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} not found: apt-get install -y chromium (never `playwright install`)")
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-def offline_context(browser, allowed: tuple[str, ...]):
-    """A browser context that blocks (and records) every request not starting with an allowed prefix."""
-    context = browser.new_context(viewport=VIEWPORT)
-    blocked: list[str] = []
-
-    def route(r):
-        if r.request.url.startswith(allowed) or r.request.url.startswith(("data:", "blob:")):
-            r.continue_()
-        else:
-            blocked.append(r.request.url)
-            r.abort()
-
-    context.route("**/*", route)
-    return context, blocked
 
 
 KERNEL_IDLE = """(path) => {
@@ -372,34 +346,6 @@ SEARCH_TERMS = [("pin_memory", "02_moving_data", "Pinned memory and non_blocking
                 ("CUDA_VISIBLE_DEVICES", "03_torch_cuda_api", "Physical and logical GPUs")]
 
 
-@pytest.fixture(scope="session")
-def site():
-    """site/, built by `make site` (here when it is missing)."""
-    if not (SITE / "index.html").exists():
-        subprocess.run([sys.executable, str(ROOT / "site_src" / "course_site.py")], check=True, cwd=ROOT)
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    return SITE
-
-
-@pytest.fixture
-def site_page(browser, site):
-    """A page offline (file:// only) that records console errors and network requests; checked after the test."""
-    context, blocked = offline_context(browser, ("file://",))
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not blocked, f"the site fetched from the network: {blocked[:5]}"
-    assert not errors, f"console errors: {errors[:5]}"
-
-
-def open_site(page, rel: str) -> None:
-    page.goto((SITE / rel).resolve().as_uri())
-    page.wait_for_load_state("load")
-
-
 @pytest.mark.parametrize("lang,folder,notebooks", SITE_EDITIONS, ids=[e[0] for e in SITE_EDITIONS])
 def test_site_pages_load_offline(site_page, lang, folder, notebooks):
     """Every page of an edition: no error, no request, no broken image or link, every stored plot shown."""
@@ -433,16 +379,6 @@ def test_site_sidebar_in_course_order(site_page):
     open_site(site_page, f"{NOTEBOOKS[1].stem}.html")  # previous / next at the bottom of a lesson
     assert site_page.get_attribute("a.left-prev", "href") == f"{NOTEBOOKS[0].stem}.html"
     assert site_page.get_attribute("a.right-next", "href") == f"{NOTEBOOKS[2].stem}.html"
-
-
-def search(page, term: str) -> list[str]:
-    """Type the term into the theme's search box; the result links on search.html."""
-    page.locator(".search-button-field").first.click()
-    page.locator("input[name=q]:visible").fill(term)
-    page.keyboard.press("Enter")
-    page.wait_for_url("**/search.html?q=*")
-    page.wait_for_selector("#search-results ul li a", timeout=15_000)
-    return page.eval_on_selector_all("#search-results ul li a", "els => els.map(e => e.getAttribute('href'))")
 
 
 @pytest.mark.parametrize("term,notebook,section", SEARCH_TERMS, ids=[t[0] for t in SEARCH_TERMS])
