@@ -1,16 +1,20 @@
-"""Helpers shared by the checker catalogues of notebooks 00 to 04 (tests/test_answers_00.py to
-test_answers_04.py): what a verdict on a wrong or a right answer must look like, and a notebook's solution cell
-read as code (what a hint must not hand over) or as a value (exercises answered with data). Not a test module:
+"""Helpers shared by the checker catalogues of the notebooks (tests/test_answers_NN.py): what a verdict on a
+wrong or a right answer must look like, a notebook's solution cell read as code (what a hint must not hand
+over) or as a value (exercises answered with data), and an answer defined from its source. Not a test module:
 pytest does not collect it (its name does not start with test_); the catalogues import it as conftest is.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import linecache
 import re
 from typing import Any
 
+import torch
 from conftest import ROOT
+from torch import nn
 
 from course_utils import exercises
 from course_utils.exercises import Verdict
@@ -94,3 +98,47 @@ def solution_value(stem: str, name: str) -> Any:
             exec(code, namespace)
             return namespace[name]
     raise LookupError(f"{stem} has no solution cell assigning {name}")
+
+
+# --- notebooks 05 and 06: a verdict with a closer hint, a cell of a notebook, an answer defined from source ---
+
+
+def rejected(verdict: Verdict, message: str, hint: str, solution_bits: tuple[str, ...] = (),
+             closer: bool = True) -> None:
+    """A wrong answer's verdict: it names the mistake (``message``), gives the concept (``hint``), keeps the code
+    for the closer hint, and neither the first hint nor the first display hands over the solution's line.
+    Several answers checked in one test each count as a first try (the counts start again after each)."""
+    assert not verdict, f"accepted a wrong answer: {verdict}"
+    assert message in verdict.message, verdict.message
+    assert hint in verdict.hint, verdict.hint
+    assert verdict.hint not in verdict.message
+    if closer:
+        assert verdict.closer, "a closer hint, for %hint or a second failure"
+        first_try = str(verdict)
+        assert "Closer hint" not in first_try and verdict.closer not in first_try
+    exercises._failures.clear()
+    for bit in solution_bits:
+        assert bit not in verdict.hint, f"the first hint gives away {bit!r}: {verdict.hint}"
+
+
+def cell(stem: str, cell_id: str) -> str:
+    """The source of one cell of a notebook, found by its id."""
+    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
+    return next("".join(c["source"]) for c in nb["cells"] if c["id"] == cell_id)
+
+
+def cell_defs(stem: str, cell_id: str, name: str) -> str:
+    """The source of the function or class ``name`` as a cell defines it (without the cell's other lines)."""
+    source = cell(stem, cell_id)
+    node = next(n for n in ast.parse(source).body
+                if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == name)
+    return ast.get_source_segment(source, node) or ""
+
+
+def define(source: str, name: str, names: dict[str, Any] | None = None) -> Any:
+    """``name`` as defined by ``source``, with its text where `inspect.getsource` finds it (as for a cell)."""
+    filename = f"<answer {name} {abs(hash(source))}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {"torch": torch, "nn": nn, **(names or {})}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]

@@ -96,3 +96,19 @@ def global_settings_kept() -> Iterator[None]:
     torch.set_default_dtype(torch.float32)
     torch.set_grad_enabled(True)
     assert changed == (torch.device("cpu"), torch.float32, True), f"left changed: {changed}"
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    """A file holding the state_dict of notebook 06's FooNet (seed 0): the checkpoint tests load it."""
+    from course_utils.models import FooNet
+
+    torch.manual_seed(0)
+    path = tmp_path / "foonet.pt"
+    torch.save(FooNet().state_dict(), path)
+    return path
+
+
+def message(exc_info: pytest.ExceptionInfo) -> str:
+    """The text of the exception that `pytest.raises` caught."""
+    return str(exc_info.value)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from course_utils.formatting import format_bytes, format_number
+from course_utils.formatting import error_message, format_bytes, format_number
 
 
 def test_format_bytes():
@@ -18,3 +18,10 @@ def test_format_bytes():
 def test_format_number():
     assert format_number(4127.3) == "4,127" and format_number(54.31) == "54.3" and format_number(0.9912) == "0.991"
     assert format_number(None) == format_number(float("nan")) == format_number("x") == format_number(True) == "–"
+
+
+def test_error_message_drops_build_paths() -> None:
+    exc = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out")
+    assert error_message(exc) == "RuntimeError: Timed out"
+    peer = RuntimeError("Connection closed by peer [127.0.0.1]:4282. This is typically caused by a remote worker")
+    assert error_message(peer).startswith("RuntimeError: Connection closed by peer [127.0.0.1]:PORT. This is")

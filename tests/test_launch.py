@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from course_utils.distributed import ddp_demos as W
 from course_utils.distributed import launch as L
 
 
@@ -33,3 +34,22 @@ def test_a_result_that_cannot_be_unpickled_here_names_its_rank() -> None:
     with pytest.raises(L.WorkerError, match=r"returns_a_generator: the result of rank 1 cannot be unpickled in "
                                             r"this process \(UnpicklingError: "):
         L._unpacked(returns_a_generator, 1, b"not a pickle")
+
+
+def test_free_port_is_bindable() -> None:
+    port = L.free_port()
+    assert 1024 <= port < 65536
+
+
+def test_launch_reports_worker_error() -> None:
+    with pytest.raises(L.WorkerError, match="rank 0"):
+        L.launch(W.local_slice, 2)  # called as local_slice(rank, world_size): an argument is missing
+
+
+def test_launch_refuses_main_function() -> None:
+    def local(rank: int, world_size: int) -> None:  # pragma: no cover - never runs
+        pass
+
+    local.__module__ = "__main__"
+    with pytest.raises(L.WorkerError, match="cannot import it"):
+        L.launch(local, 2)

@@ -1,333 +1,35 @@
-"""A catalogue of answers to the exercises of notebooks 05 (course_utils.exercises.distributed_data_parallel) and
-06 (course_utils.exercises.loading_across_devices), as a class would write them: plausible wrong answers, each
-rejected with a message that names its mistake and a hint that names the concept (never the solution's line),
-and right answers written differently from the notebook's solution, each accepted.
-
-The gradient checker runs answers in gloo processes; its catalogue is graded together (one launch on 2
-processes, one on 3, for all the answers), and only the notebook's own stub and solution go through the
-checker's public entry one by one. The whole file takes about 10 s on 2 cores."""
+"""A catalogue of answers to notebook 06's exercises (course_utils.exercises.loading_across_devices), as a class
+would write them: plausible wrong answers, each rejected with a message that names its mistake and a hint that
+names the concept (never the solution's line), and right answers written differently from the notebook's
+solution, each accepted."""
 
 from __future__ import annotations
 
-import ast
 import copy
 import inspect
-import json
-import linecache
-import random
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import IPython
 import pytest
 import torch
+from answers_helpers import ROOT, cell, cell_defs, rejected
 from conftest import notebook_solution
 from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from traitlets.config import Config
 
-from course_utils import exercises
 from course_utils.checkpoints.loading import load_checkpoint, load_weights, strip_prefixes
 from course_utils.exercises import Verdict
-from course_utils.exercises import distributed_data_parallel as ddp
 from course_utils.exercises import loading_across_devices as lad
-from course_utils.models import TinyClassifier
+from course_utils.exercises.loading_across_devices import check_gpu_checkpoint_on_cpu, check_two_prefix_repair
+from course_utils.models import FooNet, TinyClassifier
 
-ROOT = Path(__file__).resolve().parents[1]
-NB05, NB06 = "05_distributed_data_parallel", "06_loading_across_devices"
+NB06 = "06_loading_across_devices"
 EXERCISE = str(ROOT / "notebooks" / "data" / "06_exercise_classifier.pt")
-
-
-def rejected(verdict: Verdict, message: str, hint: str, solution_bits: tuple[str, ...] = (),
-             closer: bool = True) -> None:
-    """A wrong answer's verdict: it names the mistake (``message``), gives the concept (``hint``), keeps the code
-    for the closer hint, and neither the first hint nor the first display hands over the solution's line.
-    Several answers checked in one test each count as a first try (the counts start again after each)."""
-    assert not verdict, f"accepted a wrong answer: {verdict}"
-    assert message in verdict.message, verdict.message
-    assert hint in verdict.hint, verdict.hint
-    assert verdict.hint not in verdict.message
-    if closer:
-        assert verdict.closer, "a closer hint, for %hint or a second failure"
-        first_try = str(verdict)
-        assert "Closer hint" not in first_try and verdict.closer not in first_try
-    exercises._failures.clear()
-    for bit in solution_bits:
-        assert bit not in verdict.hint, f"the first hint gives away {bit!r}: {verdict.hint}"
-
-
-def cell(stem: str, cell_id: str) -> str:
-    """The source of one cell of a notebook, found by its id."""
-    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
-    return next("".join(c["source"]) for c in nb["cells"] if c["id"] == cell_id)
-
-
-def cell_defs(stem: str, cell_id: str, name: str) -> str:
-    """The source of the function or class ``name`` as a cell defines it (without the cell's other lines)."""
-    source = cell(stem, cell_id)
-    node = next(n for n in ast.parse(source).body
-                if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == name)
-    return ast.get_source_segment(source, node) or ""
-
-
-def define(source: str, name: str, names: dict[str, Any] | None = None) -> Any:
-    """``name`` as defined by ``source``, with its text where `inspect.getsource` finds it (as for a cell)."""
-    filename = f"<answer {name} {abs(hash(source))}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict[str, Any] = {"torch": torch, "nn": nn, **(names or {})}
-    exec(compile(source, filename, "exec"), namespace)
-    return namespace[name]
-
-
-# ================================================================ 05, exercise 1: ranks and world size
-
-RIGHT_TOPOLOGY = {"world_size": 8, "rank": 6, "local_rank": 2, "local_world_size": 4}
-
-
-def test_topology_the_notebooks_stub_and_solution() -> None:
-    namespace: dict[str, Any] = {"check_topology": lambda a: a}
-    exec(cell(NB05, "ebe7c96e").replace("#@title", "#"), namespace)  # the solution cell fills in `answer`
-    assert ddp.check_topology(namespace["answer"])
-    right = ddp.check_topology(namespace["answer"])
-    assert not re.search(r"\b[68]\b", right.message), f"the solution's output prints the answers: {right}"
-    stub = ddp.check_topology({k: None for k in RIGHT_TOPOLOGY})
-    rejected(stub, "world_size, rank, local_rank, local_world_size are still None", "§1's table", closer=False)
-
-
-@pytest.mark.parametrize(("change", "message", "hint"), [
-    ({"rank": 10}, "nodes count from 1", "§4, 'Several nodes'"),  # node 1 taken as the first node
-    ({"rank": 2}, "2 is the local rank", "rendezvous number the processes"),  # the local rank again
-    ({"world_size": 4}, "4 is the number of processes on one node", "every process of the job"),
-    ({"local_world_size": 8}, "8 is the whole job", "'Local' means 'on this node'"),
-    ({"world_size": 2, "rank": 3}, "2 is the number of nodes", "every process of the job"),  # nodes, not processes
-    ({"local_rank": 6}, "6 is the rank in the whole job", "number on its own node"),
-])
-def test_topology_wrong_values(change: dict[str, int], message: str, hint: str) -> None:
-    verdict = ddp.check_topology({**RIGHT_TOPOLOGY, **change})
-    rejected(verdict, message, hint, solution_bits=("× nproc_per_node +", "= 6", "= 8"))
-    if len(change) > 1:
-        assert "Not right either: rank" in verdict.message
-
-
-def test_topology_wrong_forms() -> None:
-    rejected(ddp.check_topology([8, 6, 2, 4]), "got a list", "Fill in the dict", closer=False)  # type: ignore[arg-type]
-    rejected(ddp.check_topology({"world_size": 8, "rank": 6, "local_rank": 2}), "has no local_world_size",
-             "Keep all four keys", closer=False)
-    rejected(ddp.check_topology({**RIGHT_TOPOLOGY, "rank": "six"}), "'six', not a number", "as a number",
-             closer=False)
-    rejected(ddp.check_topology({**RIGHT_TOPOLOGY, "local_rank": True}), "True, not a number", "as a number",
-             closer=False)
-
-
-@pytest.mark.parametrize("answer", [
-    {"world_size": "8", "rank": "6", "local_rank": "2", "local_world_size": "4"},  # torchrun's env: strings
-    {"world_size": 8.0, "rank": 6.0, "local_rank": 2, "local_world_size": 4},  # floats exactly on the value
-    {**RIGHT_TOPOLOGY, "node_rank": 1, "nnodes": 2},  # more keys than asked
-    dict(reversed(list({"world_size": 2 * 4, "rank": 1 * 4 + 2, "local_rank": 2, "local_world_size": 4}.items()))),
-])
-def test_topology_right_answers_written_differently(answer: dict[str, Any]) -> None:
-    assert ddp.check_topology(answer)
-
-
-# ================================================================ 05, exercise 2: average_gradients
-
-def _avg(body: str) -> str:
-    return "def average_gradients(model):\n" + "".join(f"    {line}\n" for line in body.strip().splitlines())
-
-
-WRONG_AVERAGES = {  # answer -> (a substring of the message, of the hint)
-    "sum only": (_avg("for p in model.parameters():\n    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)"),
-                 "2× the average: the sum over the 2 ranks", "what turns a sum"),
-    "reduced a copy": (_avg("for p in model.parameters():\n    g = p.grad.clone()\n    dist.all_reduce(g)\n"
-                            "    g /= dist.get_world_size()"),
-                       "only its own gradient: nothing was exchanged", "works in place"),
-    "assigned all_reduce's result": (_avg("for p in model.parameters():\n    p.grad = dist.all_reduce(p.grad)\n"),
-                                     "p.grad is None for 4 of the model's 4 parameters",
-                                     "What does assigning its result"),
-    "divides by a fixed 2": (_avg("for p in model.parameters():\n    dist.all_reduce(p.grad)\n    p.grad /= 2"),
-                             "right on 2 processes, but on 3: the gradients are 1.5× the average",
-                             "does it assume 2"),
-    "broadcast": (_avg("for p in model.parameters():\n    dist.broadcast(p.grad, src=0)"),
-                  "every rank now holds rank 0's gradient", "broadcast copies one rank's tensor"),
-    "reduce to rank 0": (_avg("for p in model.parameters():\n    dist.reduce(p.grad, dst=0)\n"
-                              "    p.grad /= dist.get_world_size()"),
-                         "rank 0 has the average, rank 1 has not", "every rank needs the average"),
-    "divides only": (_avg("for p in model.parameters():\n    p.grad /= dist.get_world_size()"),
-                     "its own gradient / 2: divided, but not exchanged", "which collective brings them"),
-    "all-reduced the weights": (_avg("for p in model.parameters():\n    dist.all_reduce(p.data)\n"
-                                     "    p.grad /= dist.get_world_size()"),
-                                "changed the parameters (the weights)", "what backward() computed"),
-    "a notebook global": (_avg("for p in model.parameters():\n    dist.all_reduce(p.grad)\n    p.grad /= WORLD"),
-                          "NameError: name 'WORLD' is not defined", "only your function's source"),
-    "divided twice": (_avg("n = dist.get_world_size()\nfor p in model.parameters():\n    p.grad /= n\n"
-                           "    dist.all_reduce(p.grad)\n    p.grad /= n"),
-                      "1/2 of the average", "Count the divisions"),
-}
-RIGHT_AVERAGES = {
-    "divide first, then sum": _avg("for p in model.parameters():\n    p.grad.div_(dist.get_world_size())\n"
-                                   "    dist.all_reduce(p.grad)"),
-    "one flat buffer, as DDP's buckets": _avg(
-        "grads = [p.grad for p in model.parameters()]\nflat = torch.cat([g.flatten() for g in grads])\n"
-        "dist.all_reduce(flat)\nflat /= dist.get_world_size()\nstart = 0\nfor g in grads:\n"
-        "    g.copy_(flat[start:start + g.numel()].view_as(g))\n    start += g.numel()"),
-    "ReduceOp.AVG (gloo has it too)": _avg("for p in model.parameters():\n"
-                                           "    dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)"),
-    "async, world size from torchrun's environment": _avg(
-        "import os\nn = int(os.environ['WORLD_SIZE'])\n"
-        "handles = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]\n"
-        "for h in handles:\n    h.wait()\nfor p in model.parameters():\n    p.grad = p.grad / n"),
-    "all_gather, then the mean": _avg(
-        "for p in model.parameters():\n    parts = [torch.empty_like(p.grad) for _ in range(dist.get_world_size())]\n"
-        "    dist.all_gather(parts, p.grad)\n    p.grad = torch.stack(parts).mean(dim=0)"),
-}
-
-
-@pytest.fixture(scope="module")
-def graded_averages() -> dict[str, Verdict]:
-    """Every catalogued answer, graded together: one launch on 2 processes, one on 3."""
-    names = list(WRONG_AVERAGES) + list(RIGHT_AVERAGES)
-    sources = [WRONG_AVERAGES[n][0] for n in WRONG_AVERAGES] + list(RIGHT_AVERAGES.values())
-    return dict(zip(names, ddp._grade_answers([(s, "average_gradients") for s in sources]), strict=True))
-
-
-@pytest.mark.parametrize("name", WRONG_AVERAGES)
-def test_average_gradients_wrong_answers(graded_averages: dict[str, Verdict], name: str) -> None:
-    _, message, hint = WRONG_AVERAGES[name]
-    rejected(graded_averages[name], message, hint, solution_bits=("get_world_size()", "all_reduce(p.grad"))
-
-
-@pytest.mark.parametrize("name", RIGHT_AVERAGES)
-def test_average_gradients_right_answers_written_differently(graded_averages: dict[str, Verdict],
-                                                             name: str) -> None:
-    assert graded_averages[name], graded_averages[name]
-
-
-def test_average_gradients_the_notebooks_stub_and_solution() -> None:
-    """Through the checker's entry, as the notebook calls it: the stub fails at its first step, the solution
-    passes on 2 and on 3 processes."""
-    solution = "\n".join(line for line in cell(NB05, "01f11b63").splitlines() if not line.startswith("check_"))
-    verdict = ddp.check_average_gradients(define(solution, "average_gradients"))
-    assert verdict and "on 2 and on 3 processes" in verdict.message, verdict
-    stub = ddp.check_average_gradients(define(cell_defs(NB05, "eddc8adf", "average_gradients"),
-                                              "average_gradients"))
-    rejected(stub, "only its own gradient: nothing was exchanged", "works in place",
-             solution_bits=("all_reduce(p.grad",))
-
-
-def test_average_gradients_answers_that_cannot_be_sent() -> None:
-    rejected(ddp.check_average_gradients(lambda model: None), "a lambda", "with def", closer=False)
-    rejected(ddp.check_average_gradients("average_gradients"), "got str", "the function itself", closer=False)
-    namespace: dict[str, Any] = {}
-    exec("def average_gradients(model):\n    pass\n", namespace)  # no source anywhere
-    rejected(ddp.check_average_gradients(namespace["average_gradients"]), "cannot read the source", "with def",
-             closer=False)
-
-
-# ================================================================ 05, exercise 3: epoch orders
-
-def stub_orders(sampler, epochs):  # type: ignore[no-untyped-def]
-    namespace: dict[str, Any] = {}
-    exec(cell_defs(NB05, "c65e78c0", "epoch_orders"), namespace)
-    return namespace["epoch_orders"](sampler, epochs)
-
-
-def set_epoch_after(sampler, epochs):  # type: ignore[no-untyped-def]
-    orders = []
-    for epoch in range(epochs):
-        orders.append(list(sampler))
-        sampler.set_epoch(epoch)
-    return orders
-
-
-def epochs_from_one(sampler, epochs):  # type: ignore[no-untyped-def]
-    orders = []
-    for epoch in range(1, epochs + 1):
-        sampler.set_epoch(epoch)
-        orders.append(list(sampler))
-    return orders
-
-
-def three_epochs(sampler, epochs):  # type: ignore[no-untyped-def]  # the demo's range(3): the test's size only
-    orders = []
-    for epoch in range(3):
-        sampler.set_epoch(epoch)
-        orders.append(list(sampler))
-    return orders
-
-
-def seed_as_epoch(sampler, epochs):  # type: ignore[no-untyped-def]  # right only while the seed is 0
-    orders = []
-    for epoch in range(epochs):
-        sampler.seed = epoch
-        orders.append(list(sampler))
-    return orders
-
-
-def random_shuffle(sampler, epochs):  # type: ignore[no-untyped-def]
-    orders = []
-    for _ in range(epochs):
-        order = list(sampler)
-        random.shuffle(order)
-        orders.append(order)
-    return orders
-
-
-def randperm_of_everything(sampler, epochs):  # type: ignore[no-untyped-def]
-    return [torch.randperm(len(sampler.dataset)).tolist() for _ in range(epochs)]
-
-
-def randperm_of_the_share(sampler, epochs):  # type: ignore[no-untyped-def]
-    n, size = sampler.num_replicas, len(sampler.dataset)
-    return [torch.randperm(size)[sampler.rank::n].tolist() for _ in range(epochs)]
-
-
-def nothing_returned(sampler, epochs):  # type: ignore[no-untyped-def]
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-
-
-@pytest.mark.parametrize(("fn", "message", "hint"), [
-    (stub_orders, "every epoch still sees the same order", "seed its shuffle with"),
-    (set_epoch_after, "the first two epochs have the same order", "when must it know the epoch"),
-    (epochs_from_one, "orders of epochs 1, 2, 3", "The loop's epochs are 0"),
-    (three_epochs, "3 orders for 4 epochs", "any number of epochs"),
-    (seed_as_epoch, "not for another one (10 items, 3 replicas, rank 1, seed 7", "any sampler"),
-    (random_shuffle, "reorders the same 8 indices", "decided by the sampler's shuffle"),
-    (randperm_of_everything, "has 16 indices; this rank's share of the 16 items is 8", "its own part"),
-    (randperm_of_the_share, "two calls on two identical samplers gave different orders", "the same on every rank"),
-    (nothing_returned, "returned None", "Return the list", ),
-])
-def test_epoch_orders_wrong_answers(fn: Callable[..., Any], message: str, hint: str) -> None:
-    rejected(ddp.check_epoch_orders(fn), message, hint, solution_bits=("set_epoch(epoch)",),
-             closer=fn is not nothing_returned)
-
-
-def epoch_attribute(sampler, epochs):  # type: ignore[no-untyped-def]
-    orders = []
-    for epoch in range(epochs):
-        sampler.epoch = epoch  # what set_epoch does
-        orders.append(list(sampler))
-    return orders
-
-
-def one_comprehension(sampler, epochs):  # type: ignore[no-untyped-def]
-    return [(sampler.set_epoch(e), [int(i) for i in sampler])[1] for e in range(epochs)]
-
-
-def a_generator(sampler, epochs):  # type: ignore[no-untyped-def]
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        yield torch.tensor(list(sampler))  # tensors of indices count as lists
-
-
-@pytest.mark.parametrize("fn", [epoch_attribute, one_comprehension, a_generator,
-                                notebook_solution(NB05, "epoch_orders")])
-def test_epoch_orders_right_answers(fn: Callable[..., Any]) -> None:
-    assert ddp.check_epoch_orders(fn)
 
 
 # ================================================================ 06, exercise 1: a GPU checkpoint on the CPU
@@ -814,3 +516,114 @@ def test_two_prefix_right_answers_of_the_same_class(fn: Callable[..., Any]) -> N
 def test_two_prefix_not_a_function() -> None:
     rejected(lad.check_two_prefix_repair(strip_prefixes(_two_part().state_dict()), _two_part()),  # type: ignore[arg-type]
              "expected your function repair", "the function itself", closer=False)
+
+
+
+# ================================================================ 06, the checkers themselves
+
+def test_gpu_checkpoint_checker_right_and_wrong(original_course):
+    path = original_course / "l30_model_in_multi_gpu.pkl"
+    right = load_weights(FooNet(), path)
+    assert check_gpu_checkpoint_on_cpu(right, path)
+    verdict = check_gpu_checkpoint_on_cpu(FooNet(), path)  # forgot load_state_dict
+    assert not verdict and "still has the random weights it was built with" in verdict.message
+    assert not check_gpu_checkpoint_on_cpu(load_checkpoint(path), path)  # the dict, not the model
+    assert "DataParallel wrapper" in check_gpu_checkpoint_on_cpu(nn.DataParallel(right), path).message
+    assert not check_gpu_checkpoint_on_cpu(nn.Linear(3, 3), path)
+    assert not check_gpu_checkpoint_on_cpu(right, path.with_name("missing.pkl"))
+
+
+def test_gpu_checkpoint_checker_after_loading(saved):
+    """The weights loaded, then changed by a training step, or the model frozen: both rejected for what they did."""
+    stepped = load_weights(FooNet(), saved)
+    opt = torch.optim.SGD(stepped.parameters(), lr=0.1)
+    stepped(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    verdict = check_gpu_checkpoint_on_cpu(stepped, saved)
+    assert not verdict and "something changed the weights after loading" in verdict.message, verdict
+    assert "still has the random weights" not in verdict.message
+    verdict = check_gpu_checkpoint_on_cpu(load_weights(FooNet(), saved).requires_grad_(False), saved)
+    assert not verdict and "requires_grad is False for 3 of its 3 parameters" in verdict.message, verdict
+    verdict = check_gpu_checkpoint_on_cpu(load_weights(FooNet(), saved).eval(), saved)
+    assert not verdict and "eval mode" in verdict.message, verdict
+
+
+def test_gpu_checkpoint_checker_needs_no_fixture(saved):
+    assert check_gpu_checkpoint_on_cpu(load_weights(FooNet(), saved), saved)
+    assert "you passed a dict" not in check_gpu_checkpoint_on_cpu(FooNet(), saved).message
+    assert "cannot read the checkpoint" in check_gpu_checkpoint_on_cpu(FooNet(), saved.with_name("gone.pt")).message
+
+
+def test_two_prefix_checker_tries_the_prefixes_the_wrappers_really_add():
+    """The checker writes its state_dicts' prefixes by hand: they are those of the real wrappers."""
+    from course_utils.exercises.loading_across_devices import _CASES
+
+    real = {
+        "module._orig_mod.": nn.DataParallel(torch.compile(_two_part())),  # the notebook's `broken`
+        "_orig_mod.module.": torch.compile(nn.DataParallel(_two_part())),  # what torch.compile(ddp_model) saves
+        "module.": nn.DataParallel(_two_part()),
+        "_orig_mod.": torch.compile(_two_part()),
+        "": _two_part(),
+    }
+    from course_utils.exercises.loading_across_devices import _prefixed
+
+    assert [prefix for prefix, _ in _CASES] == list(real)
+    for prefix, wrapped in real.items():
+        assert list(wrapped.state_dict()) == [prefix + k for k in _two_part().state_dict()]
+        # and the version metadata that a real state_dict carries, the wrappers' own entries included
+        assert wrapped.state_dict()._metadata == _prefixed(_two_part(), prefix)._metadata
+    assert check_two_prefix_repair(strip_prefixes, _two_part())
+
+
+def test_two_prefix_checker_wrong_answers():
+    def none(state_dict):
+        return None
+
+    def one(state_dict):
+        return {k.removeprefix("module."): v for k, v in state_dict.items()}
+
+    def replaced(state_dict):
+        return {k.replace("module.", "").replace("_orig_mod.", ""): v for k, v in state_dict.items()}
+
+    def fewer(state_dict):
+        return dict(list(strip_prefixes(state_dict).items())[:2])
+
+    def changed(state_dict):
+        return {k: torch.zeros_like(v) for k, v in strip_prefixes(state_dict).items()}
+
+    def in_place(state_dict):
+        repaired = strip_prefixes(state_dict)
+        state_dict.clear()
+        state_dict.update(repaired)  # the student changed `broken` itself
+        return state_dict
+
+    assert "returned None" in check_two_prefix_repair(none, _two_part()).message
+    assert "expected a dict of weights" in check_two_prefix_repair(lambda sd: [1], _two_part()).message
+    assert "still start with a wrapper prefix" in check_two_prefix_repair(one, _two_part()).message
+    verdict = check_two_prefix_repair(replaced, _two_part())
+    assert not verdict and "str.replace pitfall" in verdict.hint and "removeprefix" in verdict.closer
+    assert "missing" in check_two_prefix_repair(fewer, _two_part()).message
+    assert "same tensor" in check_two_prefix_repair(changed, _two_part()).message
+    assert "changed the dict it was given" in check_two_prefix_repair(in_place, _two_part()).message
+
+    import copy
+
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+    def shallow_copy(state_dict):
+        state_dict = copy.copy(state_dict)  # shares _metadata with the argument
+        for prefix in ("module.", "_orig_mod.", "module."):
+            consume_prefix_in_state_dict_if_present(state_dict, prefix)
+        return state_dict
+
+    def last_parts(state_dict):
+        return {".".join(k.split(".")[-2:]): v for k, v in state_dict.items()}
+
+    assert "its _metadata" in check_two_prefix_repair(shallow_copy, _two_part()).message
+    assert "a deeper model" in check_two_prefix_repair(last_parts, _two_part()).message
+    assert "torch.float64" in check_two_prefix_repair(
+        lambda sd: {k: v.double() for k, v in strip_prefixes(sd).items()}, _two_part()).message
+    assert "on meta" in check_two_prefix_repair(
+        lambda sd: {k: v.to("meta") for k, v in strip_prefixes(sd).items()}, _two_part()).message
+    assert "more that it does not have: ['epoch']" in check_two_prefix_repair(
+        lambda sd: {**strip_prefixes(sd), "epoch": 1}, _two_part()).message
