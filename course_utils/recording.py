@@ -54,6 +54,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .language import localize
+
 __all__ = [
     "PACKAGE_FOLDER",
     "GpuLine",
@@ -272,6 +274,7 @@ def _why_not_here(gpus: int, have: int, name: str = "", slow: str = "") -> str:
 def _banner(text: str, colour: str) -> None:
     from IPython.display import publish_display_data
 
+    text = localize(text)  # in the notebook's language (course_utils.language)
     publish_display_data({
         "text/plain": text,
         "text/html": (f'<div style="border-left:4px solid {colour};padding:4px 8px;margin:2px 0;'

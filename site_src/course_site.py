@@ -35,6 +35,8 @@ sys.path.insert(0, str(HERE.parent / "tools"))
 
 from project import APPENDIX, ROOT  # noqa: E402
 
+from course_utils.language import for_a_web_page  # noqa: E402
+
 SITE = ROOT / "site"
 STAGING = ROOT / "build" / "site-src"
 SEARCH_WORDS = "search-words.txt"  # jieba's user dictionary, staged beside the Chinese sources
@@ -150,6 +152,9 @@ def read_notebook(text: str, language: str = "en") -> Any:
         outputs = []
         for out in cell.get("outputs", []):
             data = out.get("data", {})
+            for mime in ("text/plain", "text/html"):  # a recording's banner, worded for a web page
+                if mime in data:
+                    data[mime] = for_a_web_page("".join(data[mime]), e.language)
             if WIDGET_VIEW not in data:
                 outputs.append(out)
             elif re.match(r"[A-Z]\w*\(", "".join(data.get("text/plain", ""))):  # a panel: HBox(...)

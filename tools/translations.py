@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import html
 import json
 import re
 import sys
@@ -46,6 +47,8 @@ from sync_notebooks import (
     report_stale,
     setup_source,
 )
+
+from course_utils.language import localize
 
 LANG = "zh_CN"
 CATALOGUES = ROOT / "i18n" / LANG
@@ -352,9 +355,12 @@ def zh_badges(url: str, name: str, english: bool = True) -> str:
 
 
 def zh_setup(url: str) -> str:
-    """The English setup cell, then a move into the English notebooks' folder (data/ and scratch folders)."""
+    """The English setup cell, the course's fixed phrases in Chinese (course_utils.language), then a move into
+    the English notebooks' folder (data/ and scratch folders)."""
     return (setup_source(url) + "\n"
             "import os\n\n"
+            "from course_utils.language import set_language\n\n"
+            'set_language("zh_CN")  # 课程的固定用语（检查结果的框架、录制输出的标注）显示为中文\n\n'
             'if os.path.isdir("../data") and os.path.basename(os.getcwd()) == "zh":\n'
             '    os.chdir("..")  # the Chinese notebooks use the English ones\' data/ folder')
 
@@ -413,7 +419,33 @@ def zh_notebook(nb: dict, name: str, done: dict[str, str], course: dict[str, str
             cell["source"] = _lines(text)
         elif "course-setup" in tags:
             cell["source"] = _lines(zh_setup(url))
+        if cell["cell_type"] == "code":
+            zh_outputs(cell.get("outputs", []))
     return zh
+
+
+def _localized(text: str) -> str:
+    return localize(text, LANG)
+
+
+def zh_outputs(outputs: list[dict]) -> None:
+    """The English run's stored outputs with the course's fixed phrases (verdicts, recording banners) in
+    Chinese, as the Chinese notebook prints them when it runs (its setup cell sets the language)."""
+    for out in outputs:
+        if "text" in out and (zh := _localized("".join(out["text"]))) != "".join(out["text"]):
+            out["text"] = zh.splitlines(keepends=True)
+        data = out.get("data", {})
+        plain = "".join(data.get("text/plain", ""))
+        zh = _localized(plain)
+        if zh == plain:
+            continue
+        data["text/plain"] = zh.splitlines(keepends=True)
+        if "text/html" in data:  # the same text, escaped (a verdict's line breaks as <br>)
+            page = "".join(data["text/html"])
+            for before, after in [(html.escape(plain), html.escape(zh)),
+                                  (html.escape(plain).replace("\n", "<br>"), html.escape(zh).replace("\n", "<br>"))]:
+                page = page.replace(before, after)
+            data["text/html"] = page.splitlines(keepends=True)
 
 
 def zh_readme_map(course: dict[str, str]) -> str:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from ..language import localize
+
 __all__ = ["Verdict", "exercise", "fail", "hint_magic", "last_failure", "ok"]
 
 ASK = "Stuck? %hint gives a closer hint; so does your next try, if it fails too."
@@ -41,7 +43,7 @@ class Verdict:
 
     def __str__(self) -> str:
         if self.correct:
-            return f"✔ Correct. {self.message}"
+            return localize(f"✔ Correct. {self.message}")
         lines = [f"✘ Not yet. {self.message}"]
         if self.hint:
             lines.append(f"  Hint: {self.hint}")
@@ -49,7 +51,7 @@ class Verdict:
             lines.append(f"  Closer hint: {self.closer}")
         elif self.closer:
             lines.append(f"  {ASK}")
-        return "\n".join(lines)
+        return localize("\n".join(lines))  # the frame in the notebook's language (course_utils.language)
 
     __repr__ = __str__
 
