@@ -64,6 +64,7 @@ class Edition(NamedTuple):
     captions: tuple[str, str]  # the sidebar's two parts: lessons, appendices
     solution: tuple[str, str]  # the toggle of a solution cell: show, hide
     widget_note: str  # shown instead of live ipywidgets
+    stale_note: str = ""  # atop a page whose translation lags the English ({n}: blocks shown in English)
 
 
 EDITIONS = (
@@ -74,7 +75,8 @@ EDITIONS = (
     Edition("zh_CN", "notebooks/zh", "README.zh-CN.md", "zh", "中文", ("课程", "附录"),
             ("显示参考答案", "隐藏参考答案"),
             "在 JupyterLab、Binder 或 Colab 中运行笔记本时，这里是可以操作的交互控件（ipywidgets）；"
-            "下面是它们最初显示的输出。"),
+            "下面是它们最初显示的输出。",
+            "**注意：** 英文原文在翻译之后有改动，本页有 {n} 段尚未更新翻译，暂以英文显示。"),
 )
 
 
@@ -139,6 +141,8 @@ def read_notebook(text: str, language: str = "en") -> Any:
     e = edition(language)
     nb = nbformat.reads(text, as_version=4)
     nb.metadata.pop("widgets", None)
+    if stale := nb.metadata.get("course_zh_stale"):  # tools/translations.py: blocks still in English
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell(e.stale_note.format(n=stale["blocks"])))
     for cell in nb.cells:
         tags = cell.metadata.setdefault("tags", [])
         if "course-badges" in tags:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ def catalogue(path: Path) -> polib.POFile:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_every_block_has_a_current_translation(path):
     found = tr.problems(load(path), catalogue(path))
+    if found and os.environ.get(tr.STALE_ENV) == "mark":  # an instructor who does not read Chinese: marked stale
+        pytest.skip(f"{path.name}: {len(found)} block(s) shown in English, marked stale ({tr.STALE_ENV}=mark)")
     assert not found, f"{path.name}: {len(found)} block(s) without a current Chinese translation " \
         f"(i18n/zh_CN/{path.stem}.po):\n" + "\n".join(f"  cell {i}: {what}: {words!r}" for i, what, words in found)
 
@@ -163,3 +166,35 @@ def test_avoided_renderings_check_catches_a_careless_translation():
     assert tr.glossary_misses(po, tr.glossary()) == [] and tr.glossary_avoided(po, rows) == []
     po[0].msgid = "Each kernel is timed; the unit is gathered from the shards."
     assert tr.glossary_avoided(po, rows) == [(po[0].msgid[:60], "gathered", "收集")]
+
+
+def test_a_stale_translation_is_marked_in_the_chinese_notebook_and_on_its_page(tmp_path, monkeypatch):
+    """With COURSE_ZH_STALE=mark an English change passes the tests; the Chinese notebook shows the changed block
+    in English and says in its metadata how many blocks are stale, and the site's page says so at the top."""
+    english = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "markdown", "id": "a", "metadata": {}, "source": ["# Title\n", "\n", "Pinned memory makes copies much faster."]}]}
+    po = tr.new_catalogue("x.ipynb")
+    po.append(polib.POEntry(msgid="# Title", msgstr="# 标题"))
+    po.append(polib.POEntry(msgid="Pinned memory makes copies faster.", msgstr="固定内存让拷贝更快。"))
+    (tmp_path / "x.po").write_text(po.__unicode__(), encoding="utf-8")
+    (tmp_path / "x.ipynb").write_text(json.dumps(english), encoding="utf-8")
+    monkeypatch.setattr(tr, "CATALOGUES", tmp_path)
+    monkeypatch.setattr(tr, "english_notebooks", lambda: [tmp_path / "x.ipynb"])
+    monkeypatch.setattr(tr, "ZH_README", tmp_path / "none.md")
+    zh = json.loads(tr.build()[tr.ZH_NOTEBOOKS / "x.ipynb"])
+    assert "".join(zh["cells"][0]["source"]).startswith("# 标题") and "much faster" in "".join(zh["cells"][0]["source"])
+    assert zh["metadata"][tr.STALE_KEY] == {"blocks": 1, "cells": [0]}
+    sys.path.insert(0, str(ROOT / "site_src"))
+    import course_site
+
+    page = course_site.read_notebook(json.dumps(zh), "zh_CN")
+    assert page.cells[0].cell_type == "markdown" and "1 段" in page.cells[0].source
+    assert len(page.cells) == 2
+    assert "course_zh_stale" not in course_site.read_notebook(json.dumps(english), "zh_CN").metadata
+
+
+def test_this_repositorys_ci_does_not_mark_stale_translations():
+    """The switch is for forks, off by default: here a stale translation fails `make test`."""
+    assert "\nZH_STALE ?=\n" in (ROOT / "Makefile").read_text(encoding="utf-8")
+    for path in [ROOT / ".ci" / "run", *(ROOT / ".github" / "workflows").glob("*.yml")]:
+        assert "ZH_STALE" not in path.read_text(encoding="utf-8"), path
