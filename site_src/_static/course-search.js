@@ -17,6 +17,7 @@
   const CJK = /[\u3400-\u9fff]/;
   const WORD = /[\p{L}\p{N}_]+/gu;
   const EXCERPT = 220;  // characters around the first match
+  const IN_CODE = document.documentElement.lang.startsWith("zh") ? "代码中：" : "in its code: ";
 
   const stemmer = new Stemmer();  // language_data.js: Porter's, for English words in both editions
   const stems = new Map();
@@ -123,8 +124,8 @@
       if (!stopwords.includes(tok) && !/^\d+$/.test(tok)) add([alternative(tok)]);
       i++;
     }
-    // The whole query as a phrase (stop words included: "out of memory"), when it has several words.
-    const phrase = toks.length > 1 && !CJK.test(query) ? alternative(toks.join(" ")) : null;
+    // The whole query as a phrase (stop words included: "out of memory"), when it spans several groups.
+    const phrase = groups.length > 1 && !CJK.test(query) ? alternative(toks.join(" ")) : null;
     return {groups, phrase};
   };
 
@@ -179,7 +180,7 @@
   };
 
   // A sentence or two around the section's first match (of the whole query, if it is there): in its prose,
-  // else in its outputs; else the start of its prose (the match is in code).
+  // else in its outputs; else (the match is in code) the start of its prose and the words found in its code.
   const excerpt = (section) => {
     for (const forms of [[section.phrase], [...section.forms]]) {
       for (const text of [section.prose, section.outputs]) {
@@ -191,7 +192,8 @@
         return (start > 0 ? "… " : "") + text.slice(start, end).trim() + (end < text.length ? " …" : "");
       }
     }
-    return section.prose.slice(0, EXCERPT) + (section.prose.length > EXCERPT ? " …" : "");
+    const start = section.prose.slice(0, EXCERPT / 2).replace(/\s\S*$/, "");
+    return `${start} … (${IN_CODE}${[...section.forms].join(", ")})`;
   };
 
   const show = (result) => {
