@@ -3,8 +3,8 @@
  * course-search-data.js; see course_search.py). Sphinx's page stays (Search.init reads ?q=, writes the title,
  * the list and the status line); its Search.query is replaced, so that
  *   - a page ranks by where the query's words matter: in its title, in a section heading, how often in the
- *     prose (outputs and code count half, code once per section), the whole query as a phrase; pages that match more of the
- *     query's words come first, then the higher score, then the course's order;
+ *     prose (outputs and code count half, code once per section), the query's words together as written;
+ *     pages that match more of the query's words come first, then the higher score, then the course's order;
  *   - a result links to its best section, with the words to highlight there (?highlight=), and shows an
  *     excerpt around the first match in that section;
  *   - the glossary's English-Chinese pairs are synonyms (pinned memory = 固定内存), and a glossary phrase
@@ -38,7 +38,12 @@
     if (CJK.test(text)) return text;
     const ws = words(text);
     // The words joined, each cut to what it shares with its stem (parallelism -> parallel, memory -> memor).
-    const root = (w) => { const s = stem(w); let n = 0; while (n < w.length && w[n] === s[n]) n++; return w.slice(0, n); };
+    const root = (w) => {
+      const s = stem(w);
+      let n = 0;
+      while (n < w.length && w[n] === s[n]) n++;
+      return w.slice(0, n);
+    };
     return {stems: ws.map(stem), joined: ws.map(root).join("")};
   };
 
@@ -82,6 +87,7 @@
     const chinese = new Map();
     for (const [en, zh] of COURSE_SEARCH_DATA.synonyms) {
       const phrase = words(en).map(stem);
+      if (!phrase.length) continue;
       if (!chinese.has(zh)) chinese.set(zh, [zh]);
       chinese.get(zh).push(alternative(en));
       english.push({phrase, zh});
@@ -124,9 +130,19 @@
       if (!stopwords.includes(tok) && !/^\d+$/.test(tok)) add([alternative(tok)]);
       i++;
     }
-    // The whole query as a phrase (stop words included: "out of memory"), when it spans several groups.
-    const phrase = groups.length > 1 && !CJK.test(query) ? alternative(toks.join(" ")) : null;
-    return {groups, phrase};
+    // Its runs of two words or more that span groups, as phrases (stop words inside: "cuda out of memory" in
+    // "how to fix cuda out of memory"), longest first; not for Chinese (no spaces to tell the words apart).
+    const phrases = [];
+    const end = (t) => t && !stopwords.includes(t);
+    if (groups.length > 1 && !CJK.test(query)) {
+      const head = toks.slice(0, 12);
+      for (let n = head.length; n >= 2; n--) {
+        for (let i = 0; i + n <= head.length; i++) {
+          if (end(head[i]) && end(head[i + n - 1])) phrases.push(alternative(head.slice(i, i + n).join(" ")));
+        }
+      }
+    }
+    return {groups, phrases};
   };
 
   const match = (alts, text) => {
@@ -141,12 +157,12 @@
   };
 
   // One page's score, the number of groups it matches, its best section and the forms found there.
-  const rankPage = ([docname, title, sections], {groups, phrase}) => {
+  const rankPage = ([docname, title, sections], {groups, phrases}) => {
     const titleText = prepare(title);
     let matched = 0;
     let score = 0;
     const perSection = sections.map(([id, heading, prose, outputs, code], index) => ({
-      id, heading, prose, outputs, index, phrase: null, score: 0, forms: new Set(),
+      id, heading, prose, outputs, index, phrase: null, score: 0, forms: new Set(), codeForms: new Set(),
       texts: [prepare(heading), prepare(prose), prepare(outputs), prepare(code)],
     }));
     for (const alts of groups) {
@@ -159,16 +175,18 @@
         total += count + head.count;
         s.score += (s.index > 0 && head.count ? WEIGHT.heading : 0) + Math.log2(1 + count);
         found.forEach((m) => m.forms.forEach((f) => s.forms.add(f)));
+        code.forms.forEach((f) => s.codeForms.add(f));
       }
       if (total > 0 || inTitle) matched++;
       score += (inTitle ? WEIGHT.title : 0) + WEIGHT.page * Math.log2(1 + total);
     }
-    if (phrase) {
+    for (const phrase of phrases) {
       for (const s of perSection) {
-        const found = s.texts.slice(0, 3).map((t) => occurrences(phrase, t)).filter((m) => m.count);  // not the code's word list
+        // In the heading, prose and outputs: the code's words are a list, not a text.
+        const found = s.texts.slice(0, 3).map((t) => occurrences(phrase, t)).filter((m) => m.count);
         const count = found.reduce((n, m) => n + m.count, 0);
         s.score += WEIGHT.phrase * Math.min(count, 3);
-        if (count) s.phrase = found[0].first;
+        if (count && !s.phrase) s.phrase = found[0].first;  // the longest, for the excerpt
       }
     }
     // The best section; the introduction (the first) only when no other section matches as well.
@@ -180,7 +198,7 @@
   };
 
   // A sentence or two around the section's first match (of the whole query, if it is there): in its prose,
-  // else in its outputs; else (the match is in code) the start of its prose and the words found in its code.
+  // else in its outputs; else the start of its prose (and the words found in its code, if that is where).
   const excerpt = (section) => {
     for (const forms of [[section.phrase], [...section.forms]]) {
       for (const text of [section.prose, section.outputs]) {
@@ -193,7 +211,8 @@
       }
     }
     const start = section.prose.slice(0, EXCERPT / 2).replace(/\s\S*$/, "");
-    return `${start} … (${IN_CODE}${[...section.forms].join(", ")})`;
+    const inCode = section.codeForms.size ? ` (${IN_CODE}${[...section.codeForms].join(", ")})` : "";
+    return `${start} …${inCode}`;
   };
 
   const show = (result) => {
