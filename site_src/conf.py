@@ -43,8 +43,8 @@ html_title = "GPU Usage in PyTorch"  # replaced by the edition's README title (c
 html_copy_source = True
 html_sourcelink_suffix = ""
 html_show_sourcelink = False
-# Search results without a text excerpt: the excerpt is fetched from the page, which a browser refuses for a
-# site opened from disk (file://). A result opens its page at the first match (course_site.py).
+# Sphinx's search results would fetch each page for an excerpt, which a browser refuses for a site opened from
+# disk (file://): off. The search page ranks and shows excerpts from data made at build time (course_search.py).
 html_show_search_summary = False
 # Light or dark as the reader's system is (the theme's own default, but left unset it logs a console error).
 html_context = {"default_mode": "auto"}
@@ -62,6 +62,9 @@ html_theme_options = {
         "notebook_interface": "jupyterlab",
     },
     "home_page_in_toc": True,
+    # No header bar above the sidebar (it held only a second search button): search is the sidebar's field,
+    # and at phone width, with the sidebar folded, the magnifier among the article's buttons.
+    "navbar_persistent": [],
 }
 # The theme's sidebar with a language switch under the title: English <-> 中文 on every page when both
 # editions are built (_templates/language-switch.html).

@@ -15,7 +15,8 @@ unknown heading anchor, a missing image) fails the build; it names the staged co
   - sends links to other repository files (``../README.md``, ``course_utils/x.py``) to the repository on
     GitHub (pyproject's ``Repository``), and links to the other edition's notebooks to its pages;
   - puts a language switch (English <-> 中文) on every page when both editions are built;
-  - gives Chinese search (Sphinx uses jieba) the terms of i18n/zh_CN/GLOSSARY.md as words.
+  - gives Chinese search (Sphinx uses jieba) the terms of i18n/zh_CN/GLOSSARY.md as words;
+  - sets up the search page (course_search.py beside it: ranking, excerpts, highlights from a result).
 """
 
 from __future__ import annotations
@@ -41,18 +42,6 @@ SITE = ROOT / "site"
 STAGING = ROOT / "build" / "site-src"
 SEARCH_WORDS = "search-words.txt"  # jieba's user dictionary, staged beside the Chinese sources
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-# A search result opens its page at the first match. Sphinx would highlight the search's words there, but
-# skips it wherever searchtools.js is loaded (the theme's search-as-you-type loads it on every page): so
-# highlight them here, once images have their size, and scroll to the first in a section (past the intro).
-SCROLL_TO_MATCH = """window.addEventListener("load", () => {
-  if (typeof SphinxHighlight === "undefined" || location.pathname.endsWith("/search.html")) return;
-  SphinxHighlight.highlightSearchWords();  // (a no-op when Sphinx did it) highlights after 10 ms
-  setTimeout(() => {
-    const hit = document.querySelector("article section section span.highlighted")
-      || document.querySelector("article span.highlighted");
-    if (hit) hit.scrollIntoView({block: "center"});
-  }, 50);
-});"""
 
 
 class Edition(NamedTuple):
@@ -239,7 +228,7 @@ def setup(app: Any) -> dict[str, Any]:
         jieba.setLogLevel(logging.WARNING)
     except ImportError:
         pass
-    app.add_js_file(None, body=SCROLL_TO_MATCH)
+    app.setup_extension("course_search")  # the search page's ranking and excerpts, highlights from a result
     app.connect("config-inited", on_config_inited, priority=400)  # before MyST-NB reads its configuration
     app.connect("doctree-read", on_doctree_read)
     app.connect("html-page-context", on_html_page_context)

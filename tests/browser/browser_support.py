@@ -45,8 +45,9 @@ def open_site(page, rel: str) -> None:
 
 
 def search(page, term: str) -> list[str]:
-    """Type the term into the theme's search box; the result links on search.html."""
-    page.locator(".search-button-field").first.click()
+    """Type the term into the search box (the one search button shown: the sidebar's, or at phone width the
+    article header's); the result links on search.html."""
+    page.locator(".search-button__button:visible").first.click()
     page.locator("input[name=q]:visible").fill(term)
     page.keyboard.press("Enter")
     page.wait_for_url("**/search.html?q=*")
