@@ -1,0 +1,114 @@
+"""The site's layout as a student meets it (site/, `make site`), in both editions, opened from disk and offline.
+
+  - a phone (400 px wide): no page scrolls sideways (wide tables and code scroll, or wrap, in their own box);
+  - a laptop (1366 px): no line of code, output or code block is cut off, a wrapped line shows its
+    continuation cue; a long traceback is folded with its exception in view; code cells have a copy button
+    (sphinx-copybutton) that copies the cell's code, outputs have none.
+
+Run: .venv/bin/python -m pytest -q -p no:cacheprovider tests/browser/test_site_layout.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("playwright.sync_api", reason="make browser-test installs playwright")
+
+from browser_support import OUTPUT, ROOT, SITE, open_site  # noqa: E402
+
+EDITIONS = [("en", ROOT / "notebooks", "")] + (
+    [("zh", ROOT / "notebooks" / "zh", "zh/")] if (SITE / "zh").is_dir() else [])
+LESSONS = {lang: sorted(folder.glob("*.ipynb")) for lang, folder, _ in EDITIONS}
+PHONE = {"width": 400, "height": 800}
+LAPTOP = {"width": 1366, "height": 768}
+
+
+def pages(prefix: str, lang: str) -> list[str]:
+    return [f"{prefix}{name}" for name in ["index.html", "search.html", "genindex.html"]
+            + [f"{p.stem}.html" for p in LESSONS[lang]]]
+
+
+def code_sources(path) -> set[str]:
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return {"".join(c["source"]).strip() for c in nb["cells"] if c["cell_type"] == "code"}
+
+
+@pytest.mark.parametrize("lang,folder,prefix", EDITIONS, ids=[e[0] for e in EDITIONS])
+def test_no_page_scrolls_sideways_on_a_phone(site_page, lang, folder, prefix):
+    site_page.set_viewport_size(PHONE)
+    too_wide = []
+    for rel in pages(prefix, lang):
+        open_site(site_page, rel)
+        width = site_page.evaluate("document.documentElement.scrollWidth")
+        if width > PHONE["width"]:
+            too_wide.append(f"{rel}: {width} px")
+    site_page.screenshot(path=str(OUTPUT / f"site-{lang}-phone.png"))
+    assert not too_wide, f"pages wider than a {PHONE['width']} px phone: {too_wide}"
+
+
+# Every shown <pre> of a page: lines wider than its box (its scroll width beyond its width).
+CUT_OFF = """() => [...document.querySelectorAll('article pre')].filter(pre => pre.getClientRects().length)
+  .filter(pre => pre.scrollWidth > pre.clientWidth + 1).map(pre => pre.textContent.slice(0, 60))"""
+# Lines that wrap onto more rows, and whether their continuation cue (the arrow of ::before) has a height.
+WRAPPED = """() => [...document.querySelectorAll('article pre .course-line')].filter(l => l.getClientRects().length > 0
+  && l.getBoundingClientRect().height > 1.5 * parseFloat(getComputedStyle(l).lineHeight))
+  .map(l => parseFloat(getComputedStyle(l, '::before').height))"""
+
+
+@pytest.mark.parametrize("lang,folder,prefix", EDITIONS, ids=[e[0] for e in EDITIONS])
+def test_code_is_not_cut_off_on_a_laptop(site_page, lang, folder, prefix):
+    site_page.set_viewport_size(LAPTOP)
+    cut, wrapped = [], []
+    for path in LESSONS[lang]:
+        open_site(site_page, f"{prefix}{path.stem}.html")
+        cut += [f"{path.stem}: {text!r}" for text in site_page.evaluate(CUT_OFF)]
+        wrapped += site_page.evaluate(WRAPPED)
+    assert not cut, f"code cut off at {LAPTOP['width']} px: {cut[:10]}"
+    assert wrapped, "no long line wraps: the check above proves nothing"
+    assert all(h > 0 for h in wrapped), "a wrapped line without its continuation cue"
+
+
+@pytest.mark.parametrize("lang,folder,prefix", EDITIONS, ids=[e[0] for e in EDITIONS])
+def test_long_tracebacks_are_folded_with_the_error_in_view(site_page, lang, folder, prefix):
+    folded = 0
+    for path in LESSONS[lang]:
+        errors = [o for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+                  for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        if not errors:
+            continue
+        open_site(site_page, f"{prefix}{path.stem}.html")
+        shown = site_page.locator("article .output.traceback pre")
+        assert shown.count() == len(errors), f"{path.stem}: {shown.count()} tracebacks, {len(errors)} stored"
+        for i, error in enumerate(errors):
+            pre = shown.nth(i)
+            text = pre.inner_text()
+            message = re.sub(r"\x1b\[[0-9;]*m", "", f"{error['ename']}: {error['evalue']}").splitlines()[0].strip()
+            assert message in text, f"{path.stem}: the exception {message!r} is not in view:\n{text[-300:]}"
+            toggle = pre.locator("xpath=preceding-sibling::button[contains(@class, 'course-traceback-toggle')]")
+            if len(pre.text_content().splitlines()) > 10:
+                assert toggle.count() == 1, f"{path.stem}: a traceback of {len(text.splitlines())} lines unfolded"
+                assert text.lstrip().startswith(error["ename"]), f"{path.stem}: folded, it shows {text[:200]!r}"
+                toggle.click()
+                assert "Cell In" in pre.inner_text() or "File " in pre.inner_text(), "the frames do not open"
+                folded += 1
+    assert folded, "no traceback was folded"
+
+
+def test_copy_buttons_copy_the_code_only(site_page):
+    path = ROOT / "notebooks" / "02_moving_data.ipynb"
+    open_site(site_page, "02_moving_data.html")
+    assert site_page.locator("article .cell_output .copybtn").count() == 0, "a copy button on an output"
+    inputs = site_page.locator("article .cell_input:visible")
+    assert site_page.locator("article .cell_input:visible .copybtn").count() == inputs.count() > 5
+    # ClipboardJS copies through a temporary textarea: the copy event's target holds the text.
+    site_page.evaluate("() => document.addEventListener('copy', e => { window.__copied = e.target.value; })")
+    sources = code_sources(path)
+    for i in range(6):
+        cell = inputs.nth(i)
+        cell.hover()
+        cell.locator(".copybtn").click()
+        copied = site_page.evaluate("() => window.__copied")
+        assert copied in sources, f"the copy button of cell {i} copied {copied!r}, not the cell's code"
