@@ -223,6 +223,84 @@ def on_html_page_context(app: Any, pagename: str, templatename: str, context: di
         context["language_switch"] = {"label": other.label, "url": url, "lang": other.language.replace("_", "-")}
 
 
+# --- what a first load fetches ---------------------------------------------------------------------------
+
+ICONS_CSS = "course-icons.css"
+# Font Awesome's script, which no page loads now. Its fonts stay: the theme's CSS draws a few icons of pages
+# seldom seen with them (admonitions, "Hide search matches"), and a browser fetches them only there.
+FONT_AWESOME = ("scripts/fontawesome.js", "scripts/fontawesome.js.LICENSE.txt")
+
+
+def icon_packs(script: str) -> dict[str, dict[str, tuple[int, int, str]]]:
+    """The icons of the theme's Font Awesome script by pack (fas, fab, far): name (and alias) -> (width,
+    height, SVG path). Each pack is an object literal ``var b={name:[w,h,[aliases],"unicode","path"],...}``
+    that the script then hands to ``p("fas",b)`` (pydata-sphinx-theme 0.20's bundle of Font Awesome 7)."""
+    packs: dict[str, dict[str, tuple[int, int, str]]] = {}
+    for block in re.finditer(r'var b=\{(.*?)\};!function\(c\)\{.{0,300}?\(function\(\)\{p\("(fa\w)",b\)', script, re.S):
+        icons = packs.setdefault(block.group(2), {})
+        for m in re.finditer(r'"?([\w-]+)"?:\[(\d+),(\d+),\[([^\]]*)\],"\w+","(M[^"]+)"\]', block.group(1)):
+            for name in [m.group(1), *re.findall(r'"([\w-]+)"', m.group(4))]:
+                icons[name] = (int(m.group(2)), int(m.group(3)), m.group(5))
+    return packs
+
+
+def on_build_finished(app: Any, exception: Exception | None) -> None:
+    """The theme's icons without Font Awesome's script (1.5 MB) and fonts (225 kB) for some twenty icons: the
+    icons the pages and the theme's scripts name, drawn from the script's own SVG paths as CSS masks
+    (course-icons.css); the script is removed from the output."""
+    if exception is not None or app.builder.format != "html":
+        return
+    static = Path(app.outdir) / "_static"
+    script = static / FONT_AWESOME[0]
+    if not script.exists():
+        return
+    packs = icon_packs(script.read_text(encoding="utf-8"))
+    used = set()
+    for path in [*Path(app.outdir).glob("*.html"), *static.glob("scripts/*.js")]:
+        if path != script:
+            used |= set(re.findall(r"\bfa-([a-z0-9-]+)", path.read_text(encoding="utf-8")))
+    rules = []
+    for name in sorted(used):
+        icon = next((packs[p][name] for p in ("fas", "fab", "far") if name in packs.get(p, {})), None)
+        if icon is None:  # a style or size class: fa-solid, fa-lg, fa-fw
+            continue
+        width, height, path = icon
+        svg = f"<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {width} {height}'><path d='{path}'/></svg>"
+        mask = f'url("data:image/svg+xml,{svg.replace("<", "%3C").replace(">", "%3E")}") center / contain no-repeat'
+        rules.append(f".fa-{name}::before {{ width: {width / height:.4g}em; -webkit-mask: {mask}; mask: {mask}; }}")
+    if not rules:
+        sys.exit("no Font Awesome icon found in the theme's script: course_site.on_build_finished needs a look")
+    (static / ICONS_CSS).write_text(
+        "/* The icons the site uses, from the theme's Font Awesome 7 Free (CC BY 4.0; course_site.py writes this\n"
+        "   file): each drawn as a mask in the text's colour, in the page's font (the icon font's metrics alone\n"
+        "   would make the browser download it). */\n"
+        '[class*="fa-"], [class*="fa-"]::before { font-family: inherit !important; }\n'
+        '[class*="fa-"]::before { content: "" !important; display: inline-block; height: 1em;'
+        " vertical-align: -0.125em; background-color: currentColor; }\n" + "\n".join(rules) + "\n",
+        encoding="utf-8")
+    for rel in FONT_AWESOME:
+        (static / rel).unlink(missing_ok=True)
+
+
+def share_static(site: Path, other: Path) -> None:
+    """Files of other/_static that are byte for byte those of site/_static: removed, and the other edition's
+    pages load site/_static's (what differs stays: documentation_options.js, translations.js)."""
+    shared = []
+    for path in sorted((other / "_static").rglob("*")):
+        twin = site / "_static" / path.relative_to(other / "_static")
+        if path.is_file() and twin.is_file() and path.read_bytes() == twin.read_bytes():
+            shared.append(path.relative_to(other).as_posix())
+            path.unlink()
+    up = posixpath.relpath(site, other)
+    pattern = re.compile(r'((?:href|src)=")(' + "|".join(map(re.escape, shared)) + r')([?"])')
+    for page in other.glob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        page.write_text(pattern.sub(lambda m: f"{m.group(1)}{up}/{m.group(2)}{m.group(3)}", text), encoding="utf-8")
+    for folder in sorted((other / "_static").rglob("*"), reverse=True):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
 def setup(app: Any) -> dict[str, Any]:
     try:  # Sphinx's Chinese search splits words with jieba: no "Building prefix dict..." in the build log
         import jieba
@@ -234,6 +312,8 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("config-inited", on_config_inited, priority=400)  # before MyST-NB reads its configuration
     app.connect("doctree-read", on_doctree_read)
     app.connect("html-page-context", on_html_page_context)
+    app.add_css_file(ICONS_CSS)  # written by on_build_finished
+    app.connect("build-finished", on_build_finished)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
@@ -259,6 +339,8 @@ def main() -> int:
         for source_map in html.rglob("*.map"):  # the theme's source maps: for its developers, 3 MB
             source_map.unlink()
         shutil.move(html, SITE / e.out)
+        if e.out:  # the other edition's copies of the theme's files: one set, in site/_static
+            share_static(SITE, SITE / e.out)
         print(f"{e.label}: {len(notebooks(e))} notebooks -> {(SITE / e.out).relative_to(ROOT)}/index.html")
     return 0
 

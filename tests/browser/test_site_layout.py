@@ -3,7 +3,9 @@
   - a phone (400 px wide): no page scrolls sideways (wide tables and code scroll, or wrap, in their own box);
   - a laptop (1366 px): no line of code, output or code block is cut off, a wrapped line shows its
     continuation cue; a long traceback is folded with its exception in view; code cells have a copy button
-    (sphinx-copybutton) that copies the cell's code, outputs have none.
+    (sphinx-copybutton) that copies the cell's code, outputs have none;
+  - a lesson's first load stays within a byte budget, with the theme's icons drawn (without Font Awesome's
+    script and fonts), and the two editions share one copy of the theme's static files.
 
 Run: .venv/bin/python -m pytest -q -p no:cacheprovider tests/browser/test_site_layout.py
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 
@@ -112,3 +116,43 @@ def test_copy_buttons_copy_the_code_only(site_page):
         cell.locator(".copybtn").click()
         copied = site_page.evaluate("() => window.__copied")
         assert copied in sources, f"the copy button of cell {i} copied {copied!r}, not the cell's code"
+
+
+# A lesson's first load (02: plots, tracebacks, solutions): what the browser fetches, HTML to images, search
+# index included. It was 2.74 MB (en) and 2.82 MB (zh), 1.56 MB of it Font Awesome's script, 225 kB its fonts.
+FIRST_LOAD_BUDGET = 1_200_000
+ICONS = """() => [...document.querySelectorAll('[class*="fa-"]')].filter(e => e.getClientRects().length)
+  .map(e => ({cls: e.className, mask: getComputedStyle(e, '::before').maskImage,
+              width: parseFloat(getComputedStyle(e, '::before').width)}))"""
+
+
+@pytest.mark.parametrize("lang,folder,prefix", EDITIONS, ids=[e[0] for e in EDITIONS])
+def test_first_load_of_a_lesson_fits_the_byte_budget(site_page, lang, folder, prefix):
+    requested, failed = [], []
+    site_page.on("request", lambda r: requested.append(r.url))
+    site_page.on("requestfailed", lambda r: failed.append(r.url))
+    open_site(site_page, f"{prefix}02_moving_data.html")
+    site_page.wait_for_timeout(500)
+    files = {Path(unquote(urlparse(url).path)) for url in requested if url.startswith("file:")}
+    sizes = {f.relative_to(SITE).as_posix(): f.stat().st_size for f in files if f.is_file()}
+    assert not failed, f"requests that failed: {failed[:5]}"
+    assert not [f for f in sizes if "fontawesome" in f or f.endswith((".woff", ".woff2"))], sizes
+    total = sum(sizes.values())
+    assert total <= FIRST_LOAD_BUDGET, (f"{prefix}02_moving_data.html's first load is {total:,} bytes, over the "
+                                        f"budget of {FIRST_LOAD_BUDGET:,}: {sorted(sizes.items(), key=lambda x: -x[1])[:6]}")
+    icons = site_page.evaluate(ICONS)
+    assert len(icons) > 5 and all(i["mask"].startswith("url(") and i["width"] > 0 for i in icons), \
+        f"icons not drawn: {[i for i in icons if not (i['mask'].startswith('url(') and i['width'] > 0)]}"
+    site_page.locator(".bd-header-article").screenshot(path=str(OUTPUT / f"site-{lang}-icons.png"))
+
+
+def test_editions_share_their_static_files():
+    """site/zh/_static keeps only what differs from site/_static (the language's options and translations)."""
+    if not (SITE / "zh").is_dir():
+        pytest.skip("no Chinese edition (notebooks/zh/) in site/")
+    own = sorted(p.relative_to(SITE / "zh" / "_static").as_posix() for p in (SITE / "zh" / "_static").rglob("*")
+                 if p.is_file())
+    same = [rel for rel in own if (SITE / "_static" / rel).is_file()
+            and (SITE / "_static" / rel).read_bytes() == (SITE / "zh" / "_static" / rel).read_bytes()]
+    assert own and not same, f"site/zh/_static: {own} (identical to site/_static: {same})"
+    assert "documentation_options.js" in own
