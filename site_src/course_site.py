@@ -28,12 +28,12 @@ import shutil
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
 
-from project import APPENDIX, ROOT  # noqa: E402
+from project import APPENDIX, ROOT, repository_url  # noqa: E402
 
 SITE = ROOT / "site"
 STAGING = ROOT / "build" / "site-src"
@@ -62,17 +62,30 @@ class Edition(NamedTuple):
     captions: tuple[str, str]  # the sidebar's two parts: lessons, appendices
     solution: tuple[str, str]  # the toggle of a solution cell: show, hide
     widget_note: str  # shown instead of live ipywidgets
+    # The landing page: the "start here" heading and sentence ({first}: the first lesson, {teaches}: what it
+    # teaches), the lessons table's heading and its three columns, the launch links, a plot's alt text
+    # ({what} in section {section}).
+    start: tuple[str, str]
+    lessons: tuple[str, str, str, str]
+    launch: tuple[str, str]
+    plot_alt: str
 
 
 EDITIONS = (
     Edition("en", "notebooks", "README.md", "", "English", ("Lessons", "Appendices"),
             ("Show the solution", "Hide the solution"),
             "Interactive controls (ipywidgets) go here when the notebook runs in JupyterLab, Binder or Colab; "
-            "below is the output they first show."),
+            "below is the output they first show.",
+            ("Start here", "Start with {first}: {teaches}. Read it here, or run it in your browser:"),
+            ("What you will learn", "lesson", "what you will learn", "run it"),
+            ("Open in Colab", "Open in Binder"), "Plot: {what} (section “{section}”)"),
     Edition("zh_CN", "notebooks/zh", "README.zh-CN.md", "zh", "中文", ("课程", "附录"),
             ("显示参考答案", "隐藏参考答案"),
             "在 JupyterLab、Binder 或 Colab 中运行笔记本时，这里是可以操作的交互控件（ipywidgets）；"
-            "下面是它们最初显示的输出。"),
+            "下面是它们最初显示的输出。",
+            ("从这里开始", "从 {first} 开始：{teaches}。可以在这里阅读，也可以在浏览器中运行："),
+            ("你将学到什么", "课程", "你将学到", "运行"),
+            ("在 Colab 中打开", "在 Binder 中打开"), "图：{what}（“{section}”一节）"),
 )
 
 
@@ -91,15 +104,43 @@ def built_editions() -> list[Edition]:
 
 # --- the sources of one edition ------------------------------------------------------------------------
 
+def launch_links(e: Edition, notebook: str) -> tuple[str, str]:
+    """Colab and Binder URLs of a notebook (its path in the repository), as the README's badges make them."""
+    slug = repository_url().removeprefix("https://github.com/")
+    return (f"https://colab.research.google.com/github/{slug}/blob/main/{notebook}",
+            f"https://mybinder.org/v2/gh/{slug}/main?labpath={quote(notebook, safe='')}")
+
+
+def student_map(e: Edition, block: str) -> str:
+    """The README's notebook map as a student needs it: where to start (with Colab and Binder buttons) and
+    each lesson with what it teaches and where to run it; the maintainers' columns (the helpers a notebook
+    imports, its exercise checkers) stay in the README."""
+    rows = re.findall(r"^\| \[([^\]]+)\]\(([^)\s]+\.ipynb)\) \| ([^|]*?) \|", block, re.M)
+    if not rows:
+        sys.exit(f"{e.readme}: no row '| [NN · title](notebooks/NN.ipynb) | what it teaches | ...' in its map")
+    title, target, teaches = rows[0]
+    colab, binder = launch_links(e, target)
+    start = "\n".join([
+        f"## {e.start[0]}", "", e.start[1].format(first=f"[{title}]({target})", teaches=teaches), "",
+        '<p class="course-launch">',
+        f'<a class="course-launch-button" href="{colab}">{e.launch[0]}</a>',
+        f'<a class="course-launch-button" href="{binder}">{e.launch[1]}</a>', "</p>"])
+    table = [f"## {e.lessons[0]}", "", f"| {' | '.join(e.lessons[1:])} |", "|---|---|---|"]
+    for title, target, teaches in rows:
+        colab, binder = launch_links(e, target)
+        table.append(f"| [{title}]({target}) | {teaches} | [Colab]({colab}) · [Binder]({binder}) |")
+    return start + "\n\n" + "\n".join(table) + "\n"
+
+
 def landing_page(e: Edition, pages: list[Path]) -> str:
-    """index.md: the README's title, introduction and notebook map, and the table of contents."""
+    """index.md: the README's title and introduction, where to start and the lessons (`student_map`), and
+    the table of contents."""
     readme = ROOT / e.readme
     text = readme.read_text(encoding="utf-8") if readme.exists() else ""
     block = re.search(r"<!-- notebooks:.*?-->\n(.*?)<!-- /notebooks -->", text, re.S)
     title = re.search(r"^# (.+)$", text, re.M)
     if not block or not title:
         sys.exit(f"{e.readme} needs a '# title' and a <!-- notebooks: --> block: the site's landing page")
-    heading = re.findall(r"^## .+$", text[:block.start()], re.M)[-1:]
     intro = re.sub(r"<!-- (\w+):.*?<!-- /\1 -->", "", text[title.end():].split("\n## ", 1)[0], flags=re.S)
     # Paragraphs that point at the other README are the site's language switch now.
     paragraphs = [p for p in intro.split("\n\n") if p.strip() and "](README" not in p]
@@ -107,7 +148,7 @@ def landing_page(e: Edition, pages: list[Path]) -> str:
     appendices = [p.stem for p in pages if APPENDIX.match(p.stem)]
     toc = "".join(f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n\n" + "\n".join(stems) + "\n```\n"
                   for caption, stems in zip(e.captions, (lessons, appendices), strict=True) if stems)
-    return "\n\n".join([title.group(0), *paragraphs, *heading, block.group(1)]) + "\n" + toc
+    return "\n\n".join([title.group(0), *paragraphs, student_map(e, block.group(1))]) + "\n" + toc
 
 
 def stage(e: Edition) -> Path:
@@ -130,6 +171,36 @@ def stage(e: Edition) -> Path:
 
 # --- the extension ---------------------------------------------------------------------------------------
 
+def _plain(markdown: str) -> str:
+    """A heading's text without markdown: links keep their text, code its content."""
+    return re.sub(r"[*_`]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown)).strip()
+
+
+def _literal(match: str) -> str:
+    """A string literal of the code as a reader would say it: an f-string's {n} stays n, {expr:.2f} n too."""
+    return re.sub(r"\{([^{}:!]+)[^{}]*\}", lambda m: m.group(1).strip(), match)
+
+
+def plot_alt(e: Edition, source: str, section: str) -> str:
+    """What a plot shows, from the code that drew it: a recording's --shows description, else the titles and
+    axis labels the cell gives (title=, set_title, suptitle, the timeline's caption), else the function that
+    draws it; with the section it illustrates."""
+    shows = re.search(r'^%%gpu \S+.*?--shows "([^"]+)"', source, re.M)
+    titles = [_literal(t) for t in re.findall(
+        r'(?:\btitle=|set_title\(|suptitle\(|plt\.title\(|plot_timeline\(\w+, )f?"([^"]+)"', source)]
+    labels = [_literal(t) for t in re.findall(r'(?:\b[xy]label=|set_[xy]label\()f?"([^"]+)"', source)]
+    drawer = re.findall(r"\b((?:plot|draw)_\w+|\w+_chart)\b", source)
+    if shows:
+        what = shows.group(1)
+    elif titles:
+        what = "; ".join(dict.fromkeys(titles)) + (f" ({', '.join(dict.fromkeys(labels))})" if labels else "")
+    elif drawer:
+        what = drawer[0].replace("_", " ") + (f" ({', '.join(dict.fromkeys(labels))})" if labels else "")
+    else:
+        sys.exit(f"a plot whose code names no title, label or plotting function:\n{source[:300]}")
+    return e.plot_alt.format(what=what, section=section)
+
+
 def read_notebook(text: str, language: str = "en") -> Any:
     """MyST-NB's reader for .ipynb (nb_custom_formats): the notebook as the site shows it."""
     import nbformat
@@ -137,15 +208,19 @@ def read_notebook(text: str, language: str = "en") -> Any:
     e = edition(language)
     nb = nbformat.reads(text, as_version=4)
     nb.metadata.pop("widgets", None)
+    section = ""
     for cell in nb.cells:
         tags = cell.metadata.setdefault("tags", [])
         if "course-badges" in tags:
             tags.append("remove-cell")
         if cell.cell_type != "code":
+            section = next((_plain(h) for h in reversed(re.findall(r"^#{1,6} (.+)$", cell.source, re.M))), section)
             continue
+        if any("image/png" in out.get("data", {}) for out in cell.get("outputs", [])):
+            cell.metadata.setdefault("mystnb", {})["image"] = {"alt": plot_alt(e, cell.source, section)}
         if "solution" in tags:
             tags.append("hide-input")
-            cell.metadata["mystnb"] = {"code_prompt_show": e.solution[0], "code_prompt_hide": e.solution[1]}
+            cell.metadata.setdefault("mystnb", {}).update(code_prompt_show=e.solution[0], code_prompt_hide=e.solution[1])
             cell.source = re.sub(r"\A#@title[^\n]*\n", "", cell.source)  # Colab's form title
         outputs = []
         for out in cell.get("outputs", []):

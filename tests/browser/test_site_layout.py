@@ -5,7 +5,9 @@
     continuation cue; a long traceback is folded with its exception in view; code cells have a copy button
     (sphinx-copybutton) that copies the cell's code, outputs have none;
   - a lesson's first load stays within a byte budget, with the theme's icons drawn (without Font Awesome's
-    script and fonts), and the two editions share one copy of the theme's static files.
+    script and fonts), and the two editions share one copy of the theme's static files;
+  - the landing page is a student's (where to start, Colab and Binder, what each lesson teaches), and every
+    plot has alt text that says what it shows.
 
 Run: .venv/bin/python -m pytest -q -p no:cacheprovider tests/browser/test_site_layout.py
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -156,3 +159,53 @@ def test_editions_share_their_static_files():
             and (SITE / "_static" / rel).read_bytes() == (SITE / "zh" / "_static" / rel).read_bytes()]
     assert own and not same, f"site/zh/_static: {own} (identical to site/_static: {same})"
     assert "documentation_options.js" in own
+
+
+@pytest.mark.parametrize("lang,folder,prefix", EDITIONS, ids=[e[0] for e in EDITIONS])
+def test_landing_page_is_a_students(site_page, lang, folder, prefix):
+    """Where to start with Colab and Binder buttons, each lesson with what it teaches and where to run it; no
+    maintainers' columns (helpers, checkers), and nothing cut off on a laptop or a phone."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from project import repository_url
+
+    repo = repository_url().removeprefix("https://github.com/")
+    nb_dir = folder.relative_to(ROOT).as_posix()
+    open_site(site_page, f"{prefix}index.html")
+    article = site_page.locator("article")
+    assert "course_utils/exercises" not in article.inner_text() and "checkers" not in article.inner_text()
+    buttons = article.locator(".course-launch a").evaluate_all("els => els.map(e => e.href)")
+    assert buttons == [f"https://colab.research.google.com/github/{repo}/blob/main/{nb_dir}/00_setup.ipynb",
+                       f"https://mybinder.org/v2/gh/{repo}/main?labpath={nb_dir.replace('/', '%2F')}%2F00_setup.ipynb"]
+    assert article.locator("a[href='00_setup.html']").count() >= 2, "no link to the first lesson"
+    rows = article.locator("table tbody tr")
+    assert rows.count() == len(LESSONS[lang]) and article.locator("table thead th").count() == 3
+    for i, path in enumerate(LESSONS[lang]):
+        links = rows.nth(i).locator("a").evaluate_all("els => els.map(e => e.getAttribute('href'))")
+        assert links[0] == f"{path.stem}.html" and any(f"{nb_dir}/{path.name}" in h for h in links[1:]) \
+            and any(f"{nb_dir.replace('/', '%2F')}%2F{path.name}" in h for h in links[1:]), links
+    for viewport in (LAPTOP, PHONE):
+        site_page.set_viewport_size(viewport)
+        assert site_page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+        cut = site_page.evaluate("() => [...document.querySelectorAll('article table')].filter("
+                                 "t => t.scrollWidth > t.clientWidth + 1).length")
+        assert viewport is PHONE or not cut, "the lessons table is cut off on a laptop"
+    site_page.set_viewport_size(LAPTOP)
+    site_page.screenshot(path=str(OUTPUT / f"site-{lang}-landing.png"), full_page=True)
+
+
+GENERIC_ALT = re.compile(r"^(image|plot|figure|png|output|图)?$|\.png$|_images/", re.I)
+
+
+@pytest.mark.parametrize("lang,folder,prefix", EDITIONS, ids=[e[0] for e in EDITIONS])
+def test_every_plot_says_what_it_shows(site_page, lang, folder, prefix):
+    """Every plot (a PNG output of a cell) has alt text of its own: what the code that drew it names (a
+    recording's description, titles, labels, the plotting function) and its section."""
+    bad, plots = [], 0
+    for path in LESSONS[lang]:
+        open_site(site_page, f"{prefix}{path.stem}.html")
+        for alt in site_page.locator("article .cell_output img").evaluate_all("els => els.map(e => e.alt)"):
+            plots += 1
+            words = re.sub(r"[（(].*", "", alt)
+            if GENERIC_ALT.search(alt.strip()) or len(words.split()) < 2 and len(words) < 8:
+                bad.append(f"{path.stem}: {alt!r}")
+    assert plots and not bad, f"plots without a specific alt text: {bad}"
