@@ -30,6 +30,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
+try:  # docutils comes with Sphinx; without it, main() says what to install
+    from docutils import nodes
+    from docutils.transforms import Transform
+except ImportError:
+    Transform = object  # type: ignore[assignment,misc]
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
 
@@ -235,6 +241,72 @@ def read_notebook(text: str, language: str = "en") -> Any:
     return nb
 
 
+def heading_slugs(path: Path) -> list[list[str]]:
+    """The anchor MyST gives each heading (GitHub's slug, made unique in the page), cell by cell."""
+    import nbformat
+    from markdown_it.renderer import RendererHTML
+    from myst_parser.config.main import MdParserConfig
+    from myst_parser.parsers.mdit import create_md_parser
+    from myst_parser.slugs import github_slugify, unique_slug
+
+    md, seen, cells = create_md_parser(MdParserConfig(), RendererHTML), set(), []
+    for cell in nbformat.read(path, as_version=4).cells:
+        slugs = []
+        if cell.cell_type == "markdown" and "course-badges" not in cell.metadata.get("tags", []):
+            tokens = md.parse(cell.source)
+            for token, inline in zip(tokens, tokens[1:], strict=False):
+                if token.type == "heading_open":
+                    title = "".join(c.content for c in inline.children or [] if c.type in ("text", "code_inline"))
+                    slugs.append(unique_slug(github_slugify(title), seen))
+                    seen.add(slugs[-1])
+        cells.append(slugs)
+    return cells
+
+
+class EnglishAnchors(Transform):
+    """The Chinese edition's sections get the anchors of the English headings they translate (#1-to-on-tensors-
+    a-new-tensor-when-something-changes, not #id1: a Chinese heading has no ASCII slug, so docutils numbers it,
+    and the numbers shift when a heading is added). notebooks/zh/NN.ipynb is NN.ipynb translated cell by cell
+    (tools/translations.py), so the k-th heading of a cell is the k-th heading of the English cell. The English
+    anchor becomes the section's first id (its permalink and table-of-contents entry) and a MyST anchor, so a
+    link with an English heading's anchor (the translations keep link targets) works between Chinese pages; the
+    Chinese heading's own slug stays as a second anchor."""
+
+    default_priority = 690  # after docutils and Sphinx give ids, before MyST adds its slugs and resolves #links
+
+    def apply(self, **kwargs: Any) -> None:
+        from sphinx.util import logging as sphinx_logging  # a warning fails the -W build
+
+        logger = sphinx_logging.getLogger(__name__)
+        env = getattr(self.document.settings, "env", None)
+        if env is None or not env.config.language.startswith("zh"):
+            return
+        e = edition(env.config.language)
+        zh, en = ROOT / e.folder / f"{env.docname}.ipynb", ROOT / EDITIONS[0].folder / f"{env.docname}.ipynb"
+        if not (zh.exists() and en.exists()):
+            return
+        english = {}
+        for i, (zh_cell, en_cell) in enumerate(zip(heading_slugs(zh), heading_slugs(en), strict=True)):
+            if len(zh_cell) != len(en_cell):
+                logger.warning(f"{zh.relative_to(ROOT)}: cell {i} has {len(zh_cell)} headings, {en.name} "
+                               f"{len(en_cell)}: regenerate it (python tools/translations.py)")
+            english.update(zip(zh_cell, en_cell, strict=False))  # warned above when they differ
+        slugs = getattr(self.document, "myst_slugs", {})
+        for section in self.document.findall(nodes.section):
+            anchor = english.get(section.get("slug"))
+            if anchor is None or anchor in section["ids"]:
+                continue
+            if anchor in self.document.ids:
+                logger.warning(f"{zh.relative_to(ROOT)}: the English anchor #{anchor} is taken twice")
+                continue
+            old = section["ids"][0]
+            section["ids"].insert(0, anchor)
+            self.document.ids[anchor] = section
+            for slug, (line, target, title) in list(slugs.items()):
+                if target == old:
+                    slugs[slug] = slugs[anchor] = (line, anchor, title)
+
+
 def on_config_inited(app: Any, config: Any) -> None:
     """What differs between editions: title, notebook folder, reader language, search words."""
     e = edition(config.language)
@@ -384,6 +456,7 @@ def setup(app: Any) -> dict[str, Any]:
     except ImportError:
         pass
     app.add_js_file(None, body=SCROLL_TO_MATCH)
+    app.add_transform(EnglishAnchors)
     app.connect("config-inited", on_config_inited, priority=400)  # before MyST-NB reads its configuration
     app.connect("doctree-read", on_doctree_read)
     app.connect("html-page-context", on_html_page_context)

@@ -7,7 +7,8 @@
   - a lesson's first load stays within a byte budget, with the theme's icons drawn (without Font Awesome's
     script and fonts), and the two editions share one copy of the theme's static files;
   - the landing page is a student's (where to start, Colab and Binder, what each lesson teaches), and every
-    plot has alt text that says what it shows.
+    plot has alt text that says what it shows;
+  - the Chinese edition's sections carry the English headings' anchors, and links with them build.
 
 Run: .venv/bin/python -m pytest -q -p no:cacheprovider tests/browser/test_site_layout.py
 """
@@ -209,3 +210,45 @@ def test_every_plot_says_what_it_shows(site_page, lang, folder, prefix):
             if GENERIC_ALT.search(alt.strip()) or len(words.split()) < 2 and len(words) < 8:
                 bad.append(f"{path.stem}: {alt!r}")
     assert plots and not bad, f"plots without a specific alt text: {bad}"
+
+
+SECTION_IDS = """() => [...document.querySelectorAll('article section')].filter(s => s.querySelector(':scope > h1, :scope > h2,'
+  + ' :scope > h3, :scope > h4')).map(s => ({id: s.id, slug: (s.querySelector(':scope > span[id]') || s).id}))"""
+
+
+def test_chinese_sections_have_the_english_anchors(site_page):
+    """zh/NN.html's sections are anchored as the English headings they translate (GitHub's slug, as on the
+    English page), not #id1, #id2 that shift when a heading is added."""
+    if not (SITE / "zh").is_dir():
+        pytest.skip("no Chinese edition (notebooks/zh/) in site/")
+    problems = []
+    for path in LESSONS["en"]:
+        open_site(site_page, f"{path.stem}.html")
+        english = [s["slug"] for s in site_page.evaluate(SECTION_IDS)]
+        open_site(site_page, f"zh/{path.stem}.html")
+        chinese = [s["id"] for s in site_page.evaluate(SECTION_IDS)]
+        if chinese != english:
+            problems.append(f"{path.stem}: {[(z, e) for z, e in zip(chinese, english, strict=False) if z != e][:3]}")
+        toc = site_page.eval_on_selector_all(".bd-toc-nav a[href^='#']", "els => els.map(e => e.getAttribute('href'))")
+        problems += [f"zh/{path.stem}: a contents link {h}" for h in toc if re.fullmatch(r"#id\d+", h)]
+    assert not problems, "\n".join(problems)
+
+
+def test_chinese_links_with_english_anchors_build(tmp_path):
+    """A Chinese page that links another's section by its English anchor (the translations keep link targets)
+    builds under -W, in the page and across pages; an unknown anchor still fails."""
+    from sphinx.cmd.build import build_main
+
+    sys.path.insert(0, str(ROOT / "site_src"))
+    from course_site import heading_slugs
+
+    zh = ROOT / "notebooks" / "zh" / "02_moving_data.ipynb"
+    anchor = [s for cell in heading_slugs(ROOT / "notebooks" / zh.name) for s in cell if s[0].isdigit()][1]  # "1-..."
+    for name, target, status in [("good", anchor, 0), ("bad", "no-such-heading", 1)]:
+        src = tmp_path / name
+        src.mkdir()
+        (src / zh.name).write_bytes(zh.read_bytes())
+        (src / "index.md").write_text(f"# 链接\n\n[固定内存]({zh.name}#{target})\n\n```{{toctree}}\n{zh.stem}\n```\n",
+                                      encoding="utf-8")
+        args = ["-W", "-q", "-c", str(ROOT / "site_src"), "-D", "language=zh_CN", str(src), str(src / "_out")]
+        assert build_main(args) == status, f"#{target}: the build's status is not {status}"
