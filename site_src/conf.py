@@ -17,9 +17,19 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tools")]
 
 from project import repository_url  # noqa: E402  (tools/project.py: pyproject's [project.urls] Repository)
 
-extensions = ["myst_nb", "course_site"]
+extensions = ["myst_nb", "sphinx_copybutton", "course_site"]
 root_doc = "index"  # generated from README's notebook map at build time
 templates_path = ["_templates"]
+# course-layout.css/.js: code that wraps instead of being cut off, folded tracebacks, pages that fit a phone.
+html_static_path = ["_static"]
+html_css_files = ["course-layout.css"]
+html_js_files = ["course-layout.js"]
+# Copy buttons on code cells and code blocks, not on outputs; a copy leaves out prompts (>>>, $, In [1]:) and,
+# where there are prompts, the output lines between them.
+copybutton_selector = 'div[class*="highlight-"]:not(.output) > div.highlight > pre'  # copybutton.js quotes it with '
+copybutton_exclude = ".linenos, .gp, .go"
+copybutton_prompt_text = r">>> |\.\.\. |\$ |In \[\d*\]: | {2,5}\.\.\.: "
+copybutton_prompt_is_regexp = True
 
 # Notebooks are shown as committed: their stored outputs (a CPU run, and GPU recordings under banners).
 nb_execution_mode = "off"
