@@ -31,8 +31,6 @@ import datetime
 import json
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +39,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from course_utils.inference.decode_timing import seconds_per_step, step_profile  # noqa: E402
 from course_utils.inference.int8_weights import quantize_linears, weight_bytes  # noqa: E402
-from course_utils.inference.kv_cache import StaticKVCache, forward_with_cache, generate  # noqa: E402
+from course_utils.inference.kv_cache import forward_with_cache  # noqa: E402
 from course_utils.inference.roofline import decode_step_bytes, mbu  # noqa: E402
 from course_utils.memory.planner import parameter_count  # noqa: E402
 from course_utils.models import GPT, GPTConfig  # noqa: E402
@@ -83,55 +82,6 @@ def quantize_with_torchao(model: GPT, bits: int) -> str | None:
     return None
 
 
-def timed_decode(model: GPT, cfg: GPTConfig, batch: int, prompt_len: int, tokens: int, rounds: int,
-                 step: Callable[..., torch.Tensor], cache_dtype: torch.dtype, device: torch.device) -> list[float]:
-    """Seconds per decode step in each round: a warm-up generation, then ``tokens`` steps timed as one span."""
-    max_len = prompt_len + tokens + 1
-    cache = StaticKVCache(cfg, batch, max_len, dtype=cache_dtype, device=device)
-    prompt = torch.randint(cfg.vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(1)).to(device)
-    generate(model, prompt, tokens, cache=cache, step=step)  # warm-up: compiles, captures graphs
-    out = []
-    for _ in range(rounds):
-        with torch.inference_mode():
-            forward_with_cache(model, prompt, torch.arange(prompt_len, device=device), cache)
-            token = prompt[:, -1:]
-            sync(device)
-            start = time.perf_counter()
-            for n in range(prompt_len, prompt_len + tokens):
-                token = step(model, token, torch.tensor([n], device=device), cache)[:, -1:].argmax(-1)
-            sync(device)
-            out.append((time.perf_counter() - start) / tokens)
-    return out
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def kernels_per_token(model: GPT, cfg: GPTConfig, step: Callable[..., torch.Tensor], cache_dtype: torch.dtype,
-                      device: torch.device) -> dict[str, float]:
-    """From a profile of 8 decode steps: kernels launched per token, and GPU busy time against wall time (a step
-    whose kernels keep the GPU busy a small part of its time is paced by the host: launch-bound)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cache = StaticKVCache(cfg, 1, 24, dtype=cache_dtype, device=device)
-    prompt = torch.zeros(1, 8, dtype=torch.long, device=device)
-    generate(model, prompt, 8, cache=cache, step=step)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch.inference_mode(), profile(activities=activities) as prof:
-        token = prompt[:, -1:]
-        sync(device)
-        start = time.perf_counter()
-        for n in range(8, 16):
-            token = step(model, token, torch.tensor([n], device=device), cache)[:, -1:].argmax(-1)
-        sync(device)
-        wall = (time.perf_counter() - start) / 8
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy = sum(e.device_time for e in kernels) / 1e6 / 8
-    return {"kernels_per_token": len(kernels) / 8, "gpu_busy_s_per_token": busy, "wall_s_per_token": wall}
-
-
 def rung(name: str, base: GPT, cfg: GPTConfig, device: torch.device) -> tuple[GPT | None, torch.dtype, str | None]:
     """The model of a rung (a copy of ``base``, a bf16 model), the cache's dtype, and why it cannot run."""
     if name == "eager-fp32":
@@ -167,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             compiled = not name.startswith("eager") and not args.smoke
             step = (torch.compile(forward_with_cache, mode="reduce-overhead", fullgraph=True) if compiled
                     else forward_with_cache)
-            seconds = timed_decode(model, cfg, 1, args.prompt, args.tokens, args.rounds, step, cache_dtype, device)
+            seconds = seconds_per_step(model, 1, args.prompt, args.tokens, args.rounds, step, cache_dtype)
             median = statistics.median(seconds)
             moved = decode_step_bytes(cfg, 1, args.prompt + args.tokens + 1, weight_bytes(model),
                                       torch.empty((), dtype=cache_dtype).element_size())
@@ -175,7 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "ms_per_token": median * 1e3, "ms_range": [min(seconds) * 1e3, max(seconds) * 1e3],
                 "tokens_per_s": 1 / median, "bytes_per_step": moved, "mbu": mbu(moved, median, peak),
                 "weight_bytes": weight_bytes(model), "compiled": compiled,
-                "profile": kernels_per_token(model, cfg, step, cache_dtype, device) if args.profile else None}
+                "profile": step_profile(model, step, cache_dtype) if args.profile else None}
             print(f"{model_name} {name}: {median * 1e3:.2f} ms/token, {1 / median:.1f} tokens/s, "
                   f"MBU {mbu(moved, median, peak):.1%}", flush=True)
             del model
@@ -194,7 +144,7 @@ def sweep(base: GPT, cfg: GPTConfig, device: torch.device, args: argparse.Namesp
     step = torch.compile(forward_with_cache, mode="reduce-overhead", fullgraph=True)
     rows = []
     for batch in BATCHES:
-        seconds = timed_decode(base, cfg, batch, args.prompt, args.tokens, args.rounds, step, torch.bfloat16, device)
+        seconds = seconds_per_step(base, batch, args.prompt, args.tokens, args.rounds, step)
         median = statistics.median(seconds)
         moved = decode_step_bytes(cfg, batch, args.prompt + args.tokens + 1, weight_bytes(base), 2)
         rows.append({"batch": batch, "ms_per_step": median * 1e3, "tokens_per_s": batch / median,

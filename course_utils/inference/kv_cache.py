@@ -114,10 +114,11 @@ def generate(model: GPT, prompt: torch.Tensor, new_tokens: int, cache: StaticKVC
     decode = step or forward_with_cache
     logits = forward_with_cache(model, prompt, torch.arange(t, device=prompt.device), cache)
     out = [prompt, logits[:, -1:].argmax(-1)]
-    for n in range(t, t + new_tokens - 1):
-        pos = torch.tensor([n], device=prompt.device)  # a tensor: the same graph for every n
+    pos = torch.tensor([t], device=prompt.device)  # a tensor: the same graph for every position
+    for _ in range(new_tokens - 1):
         logits = decode(model, out[-1], pos, cache)  # type: ignore[operator]
         out.append(logits[:, -1:].argmax(-1))
+        pos += 1  # on the device: no copy from the host, which would wait for the GPU every step
     return torch.cat(out, dim=1)[:, :t + new_tokens]
 
 
