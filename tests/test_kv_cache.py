@@ -79,11 +79,3 @@ def test_a_custom_step_is_used_for_decoding(model: GPT) -> None:
     generate(model, torch.zeros(1, 4, dtype=torch.long), 5, step=step)
     assert calls == [4, 5, 6, 7]  # the prefill gives the first new token; four steps give the rest
 
-
-def test_decode_timing_times_each_round_and_profiles_on_the_cpu(model: GPT) -> None:
-    from course_utils.inference.decode_timing import seconds_per_step, step_profile
-
-    seconds = seconds_per_step(model, 2, 4, 6, rounds=3, cache_dtype=torch.float32)
-    assert len(seconds) == 3 and all(0 < s < 1 for s in seconds)
-    profile = step_profile(model, cache_dtype=torch.float32, steps=4)
-    assert profile["wall_s"] > 0 and profile["kernels_per_step"] == 0  # no CUDA kernels on the CPU
