@@ -5,7 +5,7 @@ counts from a profile; the raw figures to a JSON file with the device, the PyTor
 Rungs, each on the course's GPT (`course_utils.models.GPT`) initialised on the GPU from its shape, batch 1,
 greedy decoding with the static KV cache of `course_utils.inference.kv_cache` (prefill, then one token a step):
 
-- ``eager-fp32``: the model as built, in float32, under ``torch.no_grad``;
+- ``eager-fp32``: the model as built, in float32, under ``torch.inference_mode``;
 - ``eager-bf16``: bf16 weights and cache, under ``torch.inference_mode``;
 - ``compiled-bf16``: the decode step through ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), the position
   a tensor so that nothing recompiles;
@@ -17,10 +17,11 @@ greedy decoding with the static KV cache of `course_utils.inference.kv_cache` (p
     python benchmarks/decode_ladder.py --output DIR --models small --rungs eager-bf16,compiled-bf16
     python benchmarks/decode_ladder.py --output DIR --smoke                     # a tiny model on the CPU (a test)
 
-MBU counts the bytes `course_utils.inference.roofline.decode_step_bytes` says a step reads (the weights as they
-are stored, and the whole static cache, which the masked attention reads) over the step's time and the GPU's
-peak bandwidth (``--peak-gbps``, default the H200's 4800 GB/s). Each rung is timed over ``--tokens`` decode steps
-after a warm-up generation, in ``--rounds`` rounds (median, min and max kept): CUDA events around the loop.
+MBU counts the bytes `course_utils.inference.roofline.model_step_bytes` says a step reads (the weights as they
+are stored, torchao's packed ones included, and the whole static cache, which the masked attention reads) over
+the step's time and the GPU's peak bandwidth (``--peak-gbps``, default the H200's 4800 GB/s). Each rung is timed
+by `course_utils.inference.decode_timing.seconds_per_step`: ``--tokens`` decode steps after a warm-up generation,
+in ``--rounds`` rounds (median, min and max kept), ``torch.cuda.synchronize()`` before and after each round.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from course_utils.inference.decode_timing import seconds_per_step, step_profile  # noqa: E402
-from course_utils.inference.int8_weights import quantize_linears, weight_bytes  # noqa: E402
+from course_utils.inference.int8_weights import quantize_linears  # noqa: E402
 from course_utils.inference.kv_cache import forward_with_cache  # noqa: E402
-from course_utils.inference.roofline import decode_step_bytes, mbu  # noqa: E402
+from course_utils.inference.roofline import mbu, model_step_bytes, weight_bytes  # noqa: E402
 from course_utils.memory.planner import parameter_count  # noqa: E402
 from course_utils.models import GPT, GPTConfig  # noqa: E402
 
@@ -82,17 +83,17 @@ def quantize_with_torchao(model: GPT, bits: int) -> str | None:
     return None
 
 
-def rung(name: str, base: GPT, cfg: GPTConfig, device: torch.device) -> tuple[GPT | None, torch.dtype, str | None]:
-    """The model of a rung (a copy of ``base``, a bf16 model), the cache's dtype, and why it cannot run."""
+def rung(name: str, base: GPT) -> tuple[GPT | None, str | None]:
+    """The model of a rung (a copy of ``base``: float32 for eager-fp32, else bf16), or None and why it cannot run."""
     if name == "eager-fp32":
-        return copy.deepcopy(base).float(), torch.float32, None
-    model = copy.deepcopy(base)
+        return copy.deepcopy(base).float(), None
+    model = copy.deepcopy(base).to(torch.bfloat16)
     if name == "int8-by-hand":
         quantize_linears(model, skip=("head",))
     elif name.startswith("torchao"):
         if (why := quantize_with_torchao(model, 8 if name.endswith("int8") else 4)) is not None:
-            return None, torch.bfloat16, why
-    return model, torch.bfloat16, None
+            return None, why
+    return model, None
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,22 +111,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if name == "eager-fp32" and parameter_count(cfg) * 4 > args.fp32_limit_gb * 2**30:
                 entry["rungs"][name] = {"skipped": f"float32 weights over {args.fp32_limit_gb} GB"}
                 continue
-            model, cache_dtype, why = rung(name, base, cfg, device)
+            model, why = rung(name, base)
             if model is None:
                 entry["rungs"][name] = {"skipped": why}
                 continue
             compiled = not name.startswith("eager") and not args.smoke
             step = (torch.compile(forward_with_cache, mode="reduce-overhead", fullgraph=True) if compiled
                     else forward_with_cache)
-            seconds = seconds_per_step(model, 1, args.prompt, args.tokens, args.rounds, step, cache_dtype)
+            seconds = seconds_per_step(model, 1, args.prompt, args.tokens, args.rounds, step)
             median = statistics.median(seconds)
-            moved = decode_step_bytes(cfg, 1, args.prompt + args.tokens + 1, weight_bytes(model),
-                                      torch.empty((), dtype=cache_dtype).element_size())
+            moved = model_step_bytes(model, 1, args.prompt + args.tokens + 1)
             entry["rungs"][name] = {
                 "ms_per_token": median * 1e3, "ms_range": [min(seconds) * 1e3, max(seconds) * 1e3],
                 "tokens_per_s": 1 / median, "bytes_per_step": moved, "mbu": mbu(moved, median, peak),
                 "weight_bytes": weight_bytes(model), "compiled": compiled,
-                "profile": step_profile(model, step, cache_dtype) if args.profile else None}
+                "profile": step_profile(model, step) if args.profile else None}
             print(f"{model_name} {name}: {median * 1e3:.2f} ms/token, {1 / median:.1f} tokens/s, "
                   f"MBU {mbu(moved, median, peak):.1%}", flush=True)
             del model
@@ -146,7 +146,7 @@ def sweep(base: GPT, cfg: GPTConfig, device: torch.device, args: argparse.Namesp
     for batch in BATCHES:
         seconds = seconds_per_step(base, batch, args.prompt, args.tokens, args.rounds, step)
         median = statistics.median(seconds)
-        moved = decode_step_bytes(cfg, batch, args.prompt + args.tokens + 1, weight_bytes(base), 2)
+        moved = model_step_bytes(base, batch, args.prompt + args.tokens + 1)
         rows.append({"batch": batch, "ms_per_step": median * 1e3, "tokens_per_s": batch / median,
                      "mbu": mbu(moved, median, args.peak_gbps * 1e9),
                      "flops_per_s": 2 * parameter_count(cfg) * batch / median})

@@ -12,9 +12,9 @@ from course_utils.inference.int8_weights import (
     Int8WeightOnlyLinear,
     quantization_error,
     quantize_linears,
-    weight_bytes,
 )
 from course_utils.inference.kv_cache import generate
+from course_utils.inference.roofline import weight_bytes
 from course_utils.models import GPT, GPTConfig
 
 

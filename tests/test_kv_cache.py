@@ -38,6 +38,10 @@ def test_prefill_then_decode_logits_equal_the_full_forward(model: GPT) -> None:
         prefill = forward_with_cache(model, tokens[:, :12], torch.arange(12), cache)
         steps = [forward_with_cache(model, tokens[:, n:n + 1], torch.tensor([n]), cache) for n in range(12, 20)]
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        last = forward_with_cache(model, tokens[:, :12], torch.arange(12), StaticKVCache(CFG, 2, 32), last_only=True)
+    assert last.shape == (2, 1, CFG.vocab)
+    torch.testing.assert_close(last, prefill[:, -1:])
 
 
 def test_a_stale_slot_beyond_the_position_is_masked(model: GPT) -> None:
@@ -49,6 +53,17 @@ def test_a_stale_slot_beyond_the_position_is_masked(model: GPT) -> None:
         a = forward_with_cache(model, tokens, torch.arange(6), clean)
         b = forward_with_cache(model, tokens, torch.arange(6), junk)
     torch.testing.assert_close(a, b)
+
+
+def test_why_the_cache_starts_as_zeros(model: GPT) -> None:
+    """A NaN in a masked slot (what torch.empty may hold) still poisons the output: 0 × NaN is NaN."""
+    tokens = torch.randint(CFG.vocab, (1, 4), generator=torch.Generator().manual_seed(4))
+    nan = StaticKVCache(CFG, 1, 16)
+    nan.v[:, :, :, 10] = float("nan")  # slot 10: never attended to by positions 0…3
+    with torch.inference_mode():
+        out = forward_with_cache(model, tokens, torch.arange(4), nan)
+    assert torch.isnan(out).all()
+    assert torch.count_nonzero(StaticKVCache(CFG, 1, 16).k) == 0
 
 
 def test_cache_bytes_formula_is_the_buffers_size() -> None:
@@ -67,6 +82,12 @@ def test_bad_input_is_named(model: GPT) -> None:
         forward_with_cache(model, torch.zeros(1, 3, dtype=torch.long), torch.tensor(0), StaticKVCache(CFG, 1, 8))
     with pytest.raises(ValueError, match="at least 1"):
         kv_cache_bytes(CFG, 0, 8)
+    with pytest.raises(ValueError, match="pos must be int64"):
+        forward_with_cache(model, torch.zeros(1, 2, dtype=torch.long), torch.arange(2, dtype=torch.int32),
+                           StaticKVCache(CFG, 1, 8))
+    with pytest.raises(ValueError, match="a torch.bfloat16 cache for a torch.float32 model"):
+        forward_with_cache(model, torch.zeros(1, 2, dtype=torch.long), torch.arange(2),
+                           StaticKVCache(CFG, 1, 8, dtype=torch.bfloat16))
 
 
 def test_a_custom_step_is_used_for_decoding(model: GPT) -> None:

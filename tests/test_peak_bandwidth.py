@@ -19,8 +19,9 @@ def test_device_names_find_their_datasheet_figure(name: str, gbps: float) -> Non
 
 
 def test_an_unknown_gpu_says_what_to_do() -> None:
-    with pytest.raises(UnknownGpuError, match="look up 'memory bandwidth' in its datasheet"):
-        peak_bandwidth_gbps("NVIDIA GeForce GTX 1080")
+    for name in ("NVIDIA GeForce GTX 1080", "NVIDIA GH200 480GB"):  # a Grace Hopper is no H200: its own memory
+        with pytest.raises(UnknownGpuError, match="look up 'memory bandwidth' in its datasheet"):
+            peak_bandwidth_gbps(name)
 
 
 def test_every_entry_has_a_source() -> None:

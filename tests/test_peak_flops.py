@@ -19,5 +19,8 @@ def test_peak_tflops_reads_device_names() -> None:
         peaks.peak_tflops("Tesla T4", "bf16")
     with pytest.raises(peaks.UnknownGpuError, match="datasheet"):
         peaks.peak_tflops("NVIDIA B300")
+    with pytest.raises(peaks.UnknownGpuError, match="datasheet"):  # a Grace Hopper superchip is not an H200
+        peaks.peak_tflops("NVIDIA GH200 480GB")
+    assert peaks.peak_tflops("NVIDIA H200 NVL") == 835.5
     with pytest.raises(ValueError, match="precision"):
         peaks.peak_tflops("NVIDIA H200", "int8")

@@ -30,7 +30,7 @@ _A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf
 _V100 = "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
 GPU_BANDWIDTH: tuple[GpuBandwidth, ...] = (
     # More specific patterns first, as in peak_flops.
-    GpuBandwidth(r"h200", "NVIDIA H200 (SXM and NVL)", 4800.0, "https://www.nvidia.com/en-us/data-center/h200/"),
+    GpuBandwidth(r"\bh200\b", "NVIDIA H200 (SXM and NVL)", 4800.0, "https://www.nvidia.com/en-us/data-center/h200/"),
     GpuBandwidth(r"h100.*pcie", "NVIDIA H100 PCIe", 2000.0, "https://www.nvidia.com/en-us/data-center/h100/"),
     GpuBandwidth(r"h100.*nvl", "NVIDIA H100 NVL", 3900.0, "https://www.nvidia.com/en-us/data-center/h100/"),
     GpuBandwidth(r"h100", "NVIDIA H100 (SXM)", 3350.0, "https://www.nvidia.com/en-us/data-center/h100/"),

@@ -34,9 +34,9 @@ class GpuPeaks(NamedTuple):
 _HOPPER = "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
 GPU_PEAKS: tuple[GpuPeaks, ...] = (
     # More specific patterns first: "H200 NVL" before "H200", "H100 PCIe" before "H100".
-    GpuPeaks(r"h200 nvl", "NVIDIA H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+    GpuPeaks(r"\bh200 nvl", "NVIDIA H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
              "https://www.nvidia.com/en-us/data-center/h200/ (sparse figures halved)"),
-    GpuPeaks(r"h200", "NVIDIA H200 (SXM)", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+    GpuPeaks(r"\bh200\b", "NVIDIA H200 (SXM)", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
              "https://www.nvidia.com/en-us/data-center/h200/ (H100 SXM's rates; " + _HOPPER + ")"),
     GpuPeaks(r"h100.*pcie", "NVIDIA H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
              _HOPPER),

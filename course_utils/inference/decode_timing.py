@@ -30,11 +30,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _decode_steps(model: GPT, cache: StaticKVCache, prompt: torch.Tensor, steps: int, step: Step) -> torch.Tensor:
-    """Prefill ``prompt`` into ``cache``, then ``steps`` greedy decode steps; the last tokens."""
+def _prefill(model: GPT, cache: StaticKVCache, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fill ``cache`` with ``prompt``: its next tokens, and the position of the first decode step (a tensor)."""
     t = prompt.shape[1]
-    token = forward_with_cache(model, prompt, torch.arange(t, device=prompt.device), cache)[:, -1:].argmax(-1)
-    pos = torch.tensor([t], device=prompt.device)
+    logits = forward_with_cache(model, prompt, torch.arange(t, device=prompt.device), cache, last_only=True)
+    return logits.argmax(-1), torch.tensor([t], device=prompt.device)
+
+
+def _decode(model: GPT, cache: StaticKVCache, token: torch.Tensor, pos: torch.Tensor, steps: int,
+            step: Step) -> torch.Tensor:
+    """``steps`` greedy decode steps from ``token`` at ``pos`` (advanced in place, on the device)."""
     for _ in range(steps):
         token = step(model, token, pos, cache)[:, -1:].argmax(-1)
         pos += 1
@@ -42,46 +47,42 @@ def _decode_steps(model: GPT, cache: StaticKVCache, prompt: torch.Tensor, steps:
 
 
 @torch.inference_mode()
-def seconds_per_step(model: GPT, batch: int, prompt_len: int, steps: int, rounds: int, step: Step = forward_with_cache,
-                     cache_dtype: torch.dtype = torch.bfloat16) -> list[float]:
-    """Seconds per decode step of ``model`` (on its device) at ``batch``, after a ``prompt_len``-token prefill:
-    one value per round of ``steps`` steps (the prefill is outside the timed span)."""
-    device = next(model.parameters()).device
-    cache = StaticKVCache(model.cfg, batch, prompt_len + steps + 1, dtype=cache_dtype, device=device)
+def seconds_per_step(model: GPT, batch: int, prompt_len: int, steps: int, rounds: int,
+                     step: Step = forward_with_cache) -> list[float]:
+    """Seconds per decode step of ``model`` (on its device, its cache in its dtype) at ``batch``, after a
+    ``prompt_len``-token prefill: one value per round of ``steps`` steps (the prefill is outside the timed span)."""
+    device = model.tok.weight.device
+    cache = StaticKVCache(model.cfg, batch, prompt_len + steps + 1, dtype=model.tok.weight.dtype, device=device)
     prompt = torch.randint(model.cfg.vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
     prompt = prompt.to(device)
     generate(model, prompt, steps, cache=cache, step=step)  # warm-up: compiles, captures graphs, allocates
     out = []
     for _ in range(rounds):
-        t = prompt.shape[1]
-        token = forward_with_cache(model, prompt, torch.arange(t, device=device), cache)[:, -1:].argmax(-1)
-        pos = torch.tensor([t], device=device)
+        token, pos = _prefill(model, cache, prompt)
         _sync(device)
         start = time.perf_counter()
-        for _ in range(steps):
-            token = step(model, token, pos, cache)[:, -1:].argmax(-1)
-            pos += 1
+        _decode(model, cache, token, pos, steps, step)
         _sync(device)
         out.append((time.perf_counter() - start) / steps)
     return out
 
 
 @torch.inference_mode()
-def step_profile(model: GPT, step: Step = forward_with_cache, cache_dtype: torch.dtype = torch.bfloat16,
-                 steps: int = 8) -> dict[str, float]:
+def step_profile(model: GPT, step: Step = forward_with_cache, steps: int = 8) -> dict[str, float]:
     """From a profile of ``steps`` decode steps at batch 1: GPU kernels per step, the GPU's busy time per step
     and the wall time per step. Busy time far below wall time: the GPU waits for the host (launch-bound)."""
     from torch.profiler import ProfilerActivity, profile
 
-    device = next(model.parameters()).device
-    cache = StaticKVCache(model.cfg, 1, 2 * steps + 9, dtype=cache_dtype, device=device)
+    device = model.tok.weight.device
+    cache = StaticKVCache(model.cfg, 1, steps + 9, dtype=model.tok.weight.dtype, device=device)
     prompt = torch.zeros(1, 8, dtype=torch.long, device=device)
-    _decode_steps(model, cache, prompt, steps, step)  # warm-up
+    _decode(model, cache, *_prefill(model, cache, prompt), steps, step)  # warm-up
+    token, pos = _prefill(model, cache, prompt)  # outside the profile: decode steps only
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
     with profile(activities=activities) as prof:
-        _sync(device)
         start = time.perf_counter()
-        _decode_steps(model, cache, prompt, steps, step)
+        _decode(model, cache, token, pos, steps, step)
         _sync(device)
         wall = (time.perf_counter() - start) / steps
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Int8WeightOnlyLinear", "quantization_error", "quantize_linears", "weight_bytes"]
+__all__ = ["Int8WeightOnlyLinear", "quantization_error", "quantize_linears"]
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -73,12 +73,6 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...] = ()) -> int:
                 setattr(module, child_name, Int8WeightOnlyLinear.from_linear(child))
                 replaced += 1
     return replaced
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of everything a forward pass reads from the model: parameters and buffers (int8 weights, scales)."""
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 @torch.no_grad()

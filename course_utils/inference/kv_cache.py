@@ -44,7 +44,9 @@ class StaticKVCache(nn.Module):
     """Keys and values of every block for ``batch`` sequences of up to ``max_len`` positions, preallocated.
 
     ``k`` and ``v`` have the shape ``(n_layers, batch, n_heads, max_len, head_dim)``: the layout attention reads
-    (heads before positions). Buffers, not parameters: they move with ``.to()`` and are not trained."""
+    (heads before positions). Buffers, not parameters: they move with ``.to()`` and are not trained. They start
+    as zeros, not ``torch.empty``'s leftovers: the mask gives an empty slot zero weight, but zero times a NaN or
+    an infinity left in memory is NaN, and it would reach every logit."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -75,27 +77,37 @@ def _block_with_cache(block: Block, x: torch.Tensor, layer: int, pos: torch.Tens
     b, t, d = x.shape
     q, k, v = block.qkv(block.norm1(x)).view(b, t, 3, block.n_heads, d // block.n_heads).unbind(2)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    k_all, v_all = cache.update(layer, pos, k.to(cache.k.dtype), v.to(cache.v.dtype))
-    attn = F.scaled_dot_product_attention(q, k_all.to(q.dtype), v_all.to(q.dtype), attn_mask=mask)
+    k_all, v_all = cache.update(layer, pos, k, v)
+    attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
     x = x + block.proj(attn.transpose(1, 2).reshape(b, t, d))
     return x + block.mlp(block.norm2(x))
 
 
-def forward_with_cache(model: GPT, tokens: torch.Tensor, pos: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+def forward_with_cache(model: GPT, tokens: torch.Tensor, pos: torch.Tensor, cache: StaticKVCache,
+                       last_only: bool = False) -> torch.Tensor:
     """Logits ``(batch, t, vocab)`` of ``tokens`` ``(batch, t)`` standing at positions ``pos`` (t indices, a
-    tensor), every earlier position read from ``cache``, which this call fills at ``pos``.
+    tensor), every earlier position read from ``cache``, which this call fills at ``pos``; ``last_only``: the
+    last position's logits only, ``(batch, 1, vocab)`` — all that generating needs, and a prefill then skips
+    the head's product over every prompt position.
 
     Prefill is ``pos = arange(t)``; a decode step is one position, ``pos = tensor([n])``. Position p may
-    attend to cache slots 0…p (the causal mask, over the whole cache: a static shape)."""
+    attend to cache slots 0…p (the causal mask, over the whole cache: a static shape). Every sequence of the
+    batch stands at the same positions: prompts of one length."""
     if pos.dim() != 1 or pos.numel() != tokens.shape[1]:
         raise ValueError(f"forward_with_cache: pos must hold one position per token ({tokens.shape[1]}), "
                          f"got a tensor of shape {tuple(pos.shape)}")
+    if pos.dtype != torch.long:
+        raise ValueError(f"forward_with_cache: pos must be int64 (torch.long), got {pos.dtype}: the cache is "
+                         "written with index_copy_, which takes long indices (torch.arange(n) makes them)")
+    if cache.k.dtype != model.tok.weight.dtype:
+        raise ValueError(f"forward_with_cache: a {cache.k.dtype} cache for a {model.tok.weight.dtype} model: give "
+                         "the cache the model's dtype (a cast would copy the whole cache at every step)")
     slots = torch.arange(cache.max_len, device=pos.device)
     mask = slots[None, :] <= pos[:, None]  # (t, max_len): True where a query may look
     x = model.tok(tokens) + model.pos(pos)
     for layer, block in enumerate(model.blocks):
         x = _block_with_cache(cast(Block, block), x, layer, pos, mask, cache)
-    return model.head(model.norm(x))
+    return model.head(model.norm(x[:, -1:] if last_only else x))
 
 
 @torch.inference_mode()
@@ -103,16 +115,16 @@ def generate(model: GPT, prompt: torch.Tensor, new_tokens: int, cache: StaticKVC
              step: object = None) -> torch.Tensor:
     """Greedy generation with a static KV cache: prefill ``prompt`` ``(batch, t)``, then ``new_tokens`` decode
     steps of one token each; returns ``(batch, t + new_tokens)``. ``cache`` defaults to one just large enough
-    (float32, on the prompt's device). ``step`` replaces `forward_with_cache` for the decode steps (a compiled
+    (the model's dtype, on the prompt's device). ``step`` replaces `forward_with_cache` for the decode steps (a compiled
     version of it, for instance), called with the same arguments."""
     batch, t = prompt.shape
     if cache is None:
-        cache = StaticKVCache(model.cfg, batch, t + new_tokens, device=prompt.device)
+        cache = StaticKVCache(model.cfg, batch, t + new_tokens, dtype=model.tok.weight.dtype, device=prompt.device)
     if t + new_tokens > cache.max_len:
         raise ValueError(f"generate: {t} prompt tokens + {new_tokens} new ones do not fit a cache of "
                          f"{cache.max_len} positions")
     decode = step or forward_with_cache
-    logits = forward_with_cache(model, prompt, torch.arange(t, device=prompt.device), cache)
+    logits = forward_with_cache(model, prompt, torch.arange(t, device=prompt.device), cache, last_only=True)
     out = [prompt, logits[:, -1:].argmax(-1)]
     pos = torch.tensor([t], device=prompt.device)  # a tensor: the same graph for every position
     for _ in range(new_tokens - 1):

@@ -20,10 +20,14 @@ about linearly with the batch, until the intensity reaches the ridge — the *kn
 
 from __future__ import annotations
 
-from ..memory.planner import parameter_count
-from ..models import GPTConfig
+import torch
+from torch import nn
 
-__all__ = ["decode_step_bytes", "knee_batch", "linear_intensity", "mbu", "ridge_point", "roofline_seconds"]
+from ..memory.planner import parameter_count
+from ..models import GPT, GPTConfig
+
+__all__ = ["decode_step_bytes", "knee_batch", "linear_intensity", "mbu", "model_step_bytes", "ridge_point",
+           "roofline_seconds", "weight_bytes"]
 
 
 def linear_intensity(tokens: int, d_in: int, d_out: int, bytes_per_element: int) -> float:
@@ -43,19 +47,42 @@ def roofline_seconds(flops: float, moved: float, peak_flops: float, peak_bytes_p
     return max(flops / peak_flops, moved / peak_bytes_per_s)
 
 
-def decode_step_bytes(cfg: GPTConfig, batch: int, cache_len: int, weight_bytes: float,
+def decode_step_bytes(cfg: GPTConfig, batch: int, cache_len: int, bytes_per_weight: float = 2.0,
                       cache_bytes_per_element: int = 2) -> float:
-    """Bytes one decode step reads: every weight of the course's GPT once (``weight_bytes`` in total: the
-    parameter count times its bytes per element, or the measured size of a quantized model), less the two
-    embedding tables, of which a step reads one row each, plus the keys and values of ``cache_len`` positions of
-    every block for each of the ``batch`` sequences (``cache_len`` is what the attention reads: the whole static
-    cache when a mask, not a slice, hides the empty slots)."""
-    params = parameter_count(cfg)
-    per_param = weight_bytes / params
+    """Bytes one decode step of the course's GPT reads, every weight stored in ``bytes_per_weight`` bytes: each
+    weight once, less the two embedding tables, of which a step reads one row per sequence, plus the keys and
+    values of ``cache_len`` positions of every block for each of the ``batch`` sequences (``cache_len`` is what
+    the attention reads: the whole static cache when a mask, not a slice, hides the empty slots)."""
     embeddings = (cfg.vocab + cfg.seq_len) * cfg.d_model  # tables read one row per token: left out
     rows = batch * 2 * cfg.d_model
     cache = 2 * cfg.n_layers * batch * cache_len * cfg.d_model * cache_bytes_per_element
-    return per_param * (params - embeddings + rows) + cache
+    return bytes_per_weight * (parameter_count(cfg) - embeddings + rows) + cache
+
+
+def _stored_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor really holds. A tensor subclass (torchao's quantized weights) reports the dtype it stands
+    for (bf16), not what it stores: its inner tensors are counted instead."""
+    if type(t) not in (torch.Tensor, nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(_stored_bytes(getattr(t, name)) for name in names)
+    return t.numel() * t.element_size()
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of everything the model stores, as stored: parameters and buffers (int8 weights and their scales,
+    torchao's packed ones)."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(_stored_bytes(t) for t in tensors.values())
+
+
+def model_step_bytes(model: GPT, batch: int, cache_len: int) -> float:
+    """`decode_step_bytes` of a built model, whatever each weight's storage: `weight_bytes` less the embedding
+    tables plus the rows a step reads, and the cache, in the model's dtype as `kv_cache`'s caches are."""
+    cfg = model.cfg
+    tables = _stored_bytes(model.tok.weight) + _stored_bytes(model.pos.weight)
+    row = model.tok.weight.element_size() * cfg.d_model
+    cache = 2 * cfg.n_layers * batch * cache_len * cfg.d_model * row // cfg.d_model
+    return weight_bytes(model) - tables + batch * 2 * row + cache
 
 
 def mbu(moved: float, seconds: float, peak_bytes_per_s: float) -> float:
