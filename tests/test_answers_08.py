@@ -777,41 +777,14 @@ def test_memory_plan_checker_accepts_the_solution() -> None:
     assert None in answers and any(a and a[1] for a in answers) and any(a and not a[1] for a in answers)
 
 
-def _plan_states_and_activations(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
-    """The old model: ZeRO states plus saved activations, no transient terms."""
-    for checkpointed in (False, True):
-        for stage in range(4):
-            if ex.reference_per_rank_bytes(ex.parameter_count(cfg), world_size, stage) + ex.activation_bytes(
-                    cfg, checkpointed) <= budget:
-                return stage, checkpointed
-    return None
-
-
-def _plan_peak_only(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
-    """The allocated peak against the budget, without the CUDA context and the allocator's margin."""
-    for checkpointed in (False, True):
-        for stage in range(4):
-            if plan_memory(cfg, "bf16", checkpointed, stage, world_size).peak <= budget:
-                return stage, checkpointed
-    return None
-
-
-def _plan_highest_stage(cfg: GPTConfig, world_size: int, budget: float) -> tuple[int, bool] | None:
-    for checkpointed in (False, True):
-        fits = [s for s in range(4) if plan_memory(cfg, "bf16", checkpointed, s, world_size).fits(budget)]
-        if fits:
-            return max(fits), checkpointed
-    return None
-
-
 def test_memory_plan_checker_names_each_mistake() -> None:
     solution = _solution_plan()
     mistakes: list[tuple[Callable[..., Any], str]] = [
-        (_plan_states_and_activations, "Counting only the states and the saved activations"),
-        (_plan_peak_only, "The allocated peak alone fits"),
+        (states_and_activations, "Counting only the states and the saved activations"),
+        (peak_only, "The allocated peak alone fits"),
         (lambda cfg, w, budget: next(((s, True) for s in range(4) if plan_memory(cfg, "bf16", True, s, w).fits(budget)),
                                      None), "checkpoints activations, but a ZeRO stage fits without"),
-        (_plan_highest_stage, "a lower stage fits too"),
+        (highest_stage, "a lower stage fits too"),
         (lambda cfg, w, budget: solution(cfg, w, budget) or (3, True), "GiB per GPU: its largest phase"),
         (lambda cfg, w, budget: None, "returned None for all 10 jobs"),
         (lambda cfg, w, budget: (solution(cfg, w, budget) or (1, True)) if w > 4 else None, "you found no plan, but"),
