@@ -216,3 +216,15 @@ def test_autotune_report_of_nothing_and_of_other_text(capsys: pytest.CaptureFixt
     assert [(p.product, p.winner, p.seconds) for p in report.products] == [("2×3 @ 3×4", "mm", None)]
     compiling.print_autotune_summary(compiling.AutotuneReport())
     assert capsys.readouterr().out == "max-autotune tuned no matrix product (nothing in its report)\n"
+
+
+def test_compile_problem_checks_the_device_through_course_utils_devices() -> None:
+    """A name that is no device is a DeviceError, as everywhere in the course; a device this machine lacks is
+    named with what it has, before any probe process starts."""
+    from course_utils.devices import DeviceError
+
+    with pytest.raises(DeviceError, match="gpu"):
+        compiling.compile_problem("gpu")
+    assert "not a device of this machine" in compiling.compile_problem("cpu:1")
+    if not torch.cuda.is_available():
+        assert "CUDA is not available here" in compiling.compile_problem("cuda")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from course_utils.devices import DeviceError
 from course_utils.memory.accounting import CpuAllocations, saved_tensor_bytes
 from course_utils.memory.planner import (
     MEASURED_PHASES,
@@ -273,8 +274,15 @@ def test_bad_input(kwargs: dict[str, object], message: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
 def test_measure_peak_needs_a_gpu_for_cuda() -> None:
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+    """The device goes through course_utils.devices: a missing GPU, or a name that is no device, is a DeviceError
+    that says what this machine has."""
+    with pytest.raises(DeviceError, match=r"measure_peak\(device='cuda'\): this machine has no such device \(it "
+                                          r"has cpu\); device='cpu' measures the CPU's allocator"):
         measure_peak(GPTConfig())
+    with pytest.raises(DeviceError, match="'gpu'"):  # not a device name at all: find_device's own message
+        measure_peak(GPTConfig(), device="gpu")
+    with pytest.raises(DeviceError, match="measure_peak\\(device='cpu:1'\\): this machine has no such device"):
+        measure_peak(GPTConfig(), device="cpu:1")
     with pytest.raises(ValueError, match="stage 1 is DDP"):
         measure_peak(GPTConfig(), stage=1, device="cpu")
     with pytest.raises(ValueError, match="needs device='cuda'"):

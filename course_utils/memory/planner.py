@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from ..devices import DeviceError, available_devices, find_device
 from ..models import GPT, GPTConfig, token_batch
 
 __all__ = ["ATTENTION", "CONTEXT_BYTES", "MARGIN", "MEASURED_PHASES", "MIXED_PRECISION", "PRECISIONS", "WORKSPACE_BYTES",
@@ -386,16 +387,14 @@ def measure_peak(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = 
     if stage == 1:
         raise ValueError("stage 1 is DDP with ZeroRedundancyOptimizer; measure_peak trains stages 0, 2 and 3 "
                          "(the model as it is, and FSDP2's fully_shard)")
-    where = torch.device(device)
-    if where.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("measure_peak(device='cuda') needs a CUDA GPU; device='cpu' measures the CPU's "
-                           "allocator instead")
+    where = find_device(device)  # CUDA's index filled in; a name that is no device: DeviceError (course_utils.devices)
+    if where is None:
+        raise DeviceError(f"measure_peak(device={str(device)!r}): this machine has no such device (it has "
+                          f"{', '.join(available_devices())}); device='cpu' measures the CPU's allocator")
     if where.type not in ("cuda", "cpu"):
         raise ValueError(f"measure_peak reads the allocators of 'cuda' and 'cpu', not {where.type!r}")
     if snapshot is not None and where.type != "cuda":
         raise ValueError("snapshot= records the CUDA caching allocator's history: it needs device='cuda'")
-    if where.type == "cuda" and where.index is None:
-        where = torch.device("cuda", torch.cuda.current_device())
     own_group = stage >= 2 and not dist.is_initialized()
     if own_group:
         dist.init_process_group("nccl" if where.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,

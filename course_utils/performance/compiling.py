@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..devices import available_devices, find_device
 from ..formatting import LOG_PREFIX, strip_ansi
 
 __all__ = ["PROBE_TIMEOUT_S", "AutotuneReport", "TunedProduct", "autotune_report", "compile_log", "compile_problem",
@@ -88,8 +89,8 @@ def compile_problem(device: str | torch.device, *, timeout: float = PROBE_TIMEOU
     may take ``timeout`` seconds. Its outcome is kept for the rest of this process, per device and timeout.
     A failure is reported with its first error line (the compiler's own, when it ran) and what to do.
     """
-    dev = torch.device(device)
-    kind = dev.type
+    present = find_device(device)  # a name that is no device: DeviceError, as everywhere in the course
+    kind = torch.device(device).type
     if kind == "cpu" and _cxx_compiler() is None:
         return ("torch.compile needs a C++ compiler to build CPU kernels, and none was found (g++, clang++ "
                 "or $CXX; on Windows, MSVC's cl). Install one (Debian/Ubuntu: apt-get install g++), or run "
@@ -102,7 +103,9 @@ def compile_problem(device: str | torch.device, *, timeout: float = PROBE_TIMEOU
                 "(pip install triton; Linux wheels of torch bring it along).")
     if kind not in ("cpu", "cuda"):
         return f"this notebook compiles for the CPU and CUDA only; {kind} is left out"
-    return _probe(str(dev), float(timeout))
+    if present is None:
+        return f"{str(device)!r} is not a device of this machine, which has {', '.join(available_devices())}"
+    return _probe(str(present), float(timeout))
 
 
 _COMPILER_ERROR = re.compile(r"\b(fatal )?error( [A-Z]+\d+)?:", re.IGNORECASE)  # gcc, clang; MSVC's "error C1083:"
