@@ -4,19 +4,28 @@ notebooks/zh/ has notebooks, the Chinese edition in site/zh/; this module is als
 conf.py loads.
 
 Each edition's sources are staged in build/site-src/LANG/: a copy of its notebooks (every ``*.ipynb`` of its
-folder, sorted by file name, so a new lesson needs nothing here) and ``index.md``, the landing page, made
-from its README's ``<!-- notebooks: -->`` block with a table of contents in file-name order (lessons, then
-appendices). Sphinx runs with ``-W --keep-going -n``: any warning (a broken link between notebooks, an
+folder, sorted by file name, so a new lesson needs nothing here) and ``index.md``, the landing page: a student's
+(where to start, with Colab and Binder links; each lesson and what it teaches), made from its README's
+``<!-- notebooks: -->`` block (the helper and checker columns stay in the README), with a table of contents in
+file-name order (lessons, then appendices). Sphinx runs with ``-W --keep-going -n``: any warning (a broken link between notebooks, an
 unknown heading anchor, a missing image) fails the build; it names the staged copy
 (build/site-src/en/02_moving_data.ipynb is notebooks/02_moving_data.ipynb). As the extension it
   - reads every notebook through `read_notebook`: the badge cell (tag ``course-badges``) is dropped (the
     theme's launch buttons replace it), a ``solution`` cell gets MyST-NB's ``hide-input`` toggle, widget
-    views (they need a widget manager from a CDN) give way to the static output every widget cell has;
+    views (they need a widget manager from a CDN) give way to the static output every widget cell has, a
+    recording's banner is worded for a page (`course_utils.language.for_a_web_page`), a plot gets alt text
+    from the code that drew it (`plot_alt`), and a Chinese notebook whose translation lags the English says so
+    under its title;
+  - gives each Chinese section the anchor of the English heading it translates (`EnglishAnchors`), so that
+    links with English anchors work in both editions;
   - sends links to other repository files (``../README.md``, ``course_utils/x.py``) to the repository on
     GitHub (pyproject's ``Repository``), and links to the other edition's notebooks to its pages;
   - puts a language switch (English <-> 中文) on every page when both editions are built;
   - gives Chinese search (Sphinx uses jieba) the terms of i18n/zh_CN/GLOSSARY.md as words;
-  - sets up the search page (course_search.py beside it: ranking, excerpts, highlights from a result).
+  - sets up the search page (course_search.py beside it: ranking, excerpts, highlights from a result);
+  - after the build, draws the theme's few icons as CSS masks (`on_build_finished`) instead of loading its
+    1.5 MB icon script, and lets the Chinese edition use the English edition's identical static files
+    (`share_static`), with _static/course-layout.css and .js for phones, wrapped code and folded tracebacks.
 """
 
 from __future__ import annotations
