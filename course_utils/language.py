@@ -1,5 +1,6 @@
 """Every notebook: the language of the course's fixed phrases — the frame of a checker's verdict ("✘ Not yet.",
-"Hint:", "Closer hint:"), the banner above a recorded GPU output and the note where a recording is missing.
+"Hint:", "Closer hint:") and the banner above a recorded GPU output. (The rarer note shown where a recording is
+missing stays in English, as the checkers' own messages do.)
 
 The English notebooks speak English. The Chinese edition (notebooks/zh/) is generated from them, and its setup
 cell calls ``set_language("zh_CN")``; from then on these phrases come out in Chinese in that kernel. What a
