@@ -42,3 +42,13 @@ def test_torchrun_runs_a_script_and_groups_lines_by_rank(tmp_path: Path,
     gloo = set("[Gloo] Rank is connected to peer ranks. Expected number of connected peer ranks is :".split())
     assert all(word in gloo or word.isdigit() for word in rest.split()), shown
     assert shown[-1] == "  exit code 0"
+
+
+def test_a_rank_line_written_after_unfinished_text_is_still_grouped(capsys: pytest.CaptureFixture[str]) -> None:
+    """Gloo's log line can reach the shared pipe before its newline, with a rank's line glued to it."""
+    out = ("[rank 0] line 0\n[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks "
+           "is : 1[rank 1] line 0\n[rank 1] line 1\n[rank 0] line 1\n")
+    T.TorchrunResult(["torchrun"], 0, out, "", 1.0, "torchrun job.py").show()
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[1:5] == ["  [rank 0] line 0", "  [rank 0] line 1", "  [rank 1] line 0", "  [rank 1] line 1"]
+    assert shown[5].startswith("  [Gloo] Rank 1 is connected") and shown[-1] == "  exit code 0"

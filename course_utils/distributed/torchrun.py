@@ -36,6 +36,7 @@ _LESSON_CRASH = re.compile(r"^\[rank \d+\] simulated crash")
 # torchrun's log lines about a failure: the first failed worker, the others being stopped, a restart.
 _TORCHRUN_FAILURE = re.compile(r"failed \(exitcode|closing signal|restart", re.IGNORECASE)
 _RANK_PREFIX = re.compile(r"^\[rank (\d+)\]")
+_RANK_TAG = re.compile(r"(?=\[rank \d+\] )")  # where a rank's line starts, even inside another's text
 
 
 @dataclass
@@ -80,7 +81,7 @@ class TorchrunResult:
 
         The processes print at the same time, so their lines arrive interleaved in an order that changes
         from run to run: lines that start with ``[rank N]`` are shown grouped by rank, each rank's in the
-        order it printed them (other lines after them). The final-weights hash is shortened to its first 12 hex digits, followed by "…": the bytes of
+        order it printed them (other lines after them; a ``[rank N]`` tag inside a line starts a new one). The final-weights hash is shortened to its first 12 hex digits, followed by "…": the bytes of
         the weights depend on the CPU's instruction set, so the hash is for the eye (and for comparing
         runs on this machine, in code), not a value to expect elsewhere.
         """
@@ -90,7 +91,9 @@ class TorchrunResult:
             m = _RANK_PREFIX.match(line)
             return int(m.group(1)) if m else sys.maxsize
 
-        lines = [line for line in self.stdout.splitlines() if line.strip()]
+        # Both ranks write into one pipe: another process's text (gloo's "[Gloo] Rank 1 is connected ...", written
+        # without its newline yet) can come just before a rank's line. Each "[rank N] " starts a line of its own.
+        lines = [part for line in self.stdout.splitlines() for part in _RANK_TAG.split(line) if part.strip()]
         for line in sorted(lines, key=rank_of):  # sorted() keeps each rank's order
             if line.startswith(HASH_PREFIX):
                 line = f"{HASH_PREFIX} {short_digest(line[len(HASH_PREFIX):].strip())}"
