@@ -198,16 +198,32 @@ PACKAGE_FOLDER = re.compile(r"(/[^\s\"':\x1b]+)?/(site|dist)-packages/")
 """An installed package's folder on the machine that ran the code (tools/refresh_notebooks.py uses it too)."""
 
 
-def scrub_paths(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``outputs`` with the GPU host's package folder left out of stream text and tracebacks: a warning that
-    names ``/opt/venv/lib/python3.12/site-packages/torch/x.py`` is stored as naming ``torch/x.py``, so
-    students never read the folders of the machine that recorded."""
+def _path_folders(folders: list[str] | None) -> re.Pattern[str] | None:
+    """A pattern of the folders on the Python path (``sys.path``: ``PYTHONPATH``'s folders, a ``pip install
+    --target`` folder, the repository), longest first, each with the slash after it."""
+    names = sorted({f.rstrip("/") for f in (sys.path if folders is None else folders)
+                    if f and os.path.isabs(f) and f.rstrip("/")}, key=len, reverse=True)
+    return re.compile("|".join(re.escape(n) + "/" for n in names)) if names else None
+
+
+def scrub_paths(outputs: list[dict[str, Any]], folders: list[str] | None = None) -> list[dict[str, Any]]:
+    """``outputs`` with the GPU host's package folders left out of stream text and tracebacks: a warning that
+    names ``/opt/venv/lib/python3.12/site-packages/torch/x.py`` is stored as naming ``torch/x.py``, and one from
+    a folder on the Python path (``folders``, default ``sys.path``: ``/tmp/site/torchao/x.py`` where packages
+    were installed with ``pip install --target /tmp/site``) as ``torchao/x.py``, so students never read the
+    folders of the machine that recorded."""
+    on_path = _path_folders(folders)
+
+    def scrub(text: str) -> str:
+        text = PACKAGE_FOLDER.sub("", text)
+        return on_path.sub("", text) if on_path else text
+
     clean = json.loads(json.dumps(outputs))
     for out in clean:
         if isinstance(out.get("text"), str):
-            out["text"] = PACKAGE_FOLDER.sub("", out["text"])
+            out["text"] = scrub(out["text"])
         if isinstance(out.get("traceback"), list):
-            out["traceback"] = [PACKAGE_FOLDER.sub("", line) for line in out["traceback"]]
+            out["traceback"] = [scrub(line) for line in out["traceback"]]
     return clean
 
 

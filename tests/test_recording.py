@@ -265,3 +265,17 @@ def test_a_noted_rename_keeps_the_recording_and_says_so(shell, monkeypatch, tmp_
     monkeypatch.setenv("COURSE_RECORD", "1")
     run(shell, "%%gpu 99-moved\n" + new)
     assert "renamed_since" not in rec.load_recording("99-moved").meta
+
+
+def test_recordings_name_no_folder_of_the_recording_machine() -> None:
+    from course_utils.recording import scrub_paths
+
+    outputs = [{"output_type": "stream", "name": "stderr",
+                "text": "/tmp/site/torchao/quantization/quant_api.py:1542: SyntaxWarning: invalid escape\n"
+                        "/opt/venv/lib/python3.12/site-packages/torch/profiler/profiler.py:224: UserWarning\n"},
+               {"output_type": "error", "traceback": ["File /root/repo/course_utils/x.py, line 3"]}]
+    clean = scrub_paths(outputs, folders=["/tmp/site", "/root/repo/", "", "relative"])
+    assert clean[0]["text"] == ("torchao/quantization/quant_api.py:1542: SyntaxWarning: invalid escape\n"
+                                "torch/profiler/profiler.py:224: UserWarning\n")
+    assert clean[1]["traceback"] == ["File course_utils/x.py, line 3"]
+    assert outputs[0]["text"].startswith("/tmp/site/")  # the input is left as it was

@@ -87,3 +87,17 @@ def test_mbu_and_knee() -> None:
     assert knee_batch(989e12, 4.8e12, 2) == pytest.approx(206.0, rel=1e-3)
     assert knee_batch(989e12, 4.8e12, 1) == pytest.approx(103.0, rel=1e-3)
 
+
+
+def test_torchaos_int8_weights_are_counted_as_int8() -> None:
+    """The real thing: torchao's ``quantize_`` with ``Int8WeightOnlyConfig`` (notebook 10's rung) stores one byte
+    per weight and a scale per row, whatever dtype its tensors report."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False)).to(torch.bfloat16)
+    quantize_(layer, Int8WeightOnlyConfig(set_inductor_config=False))
+    assert layer[0].weight.dtype == torch.bfloat16  # what it stands for
+    stored = weight_bytes(layer)
+    assert 64 * 32 <= stored <= 64 * 32 + 32 * 4 + 64  # int8 weights, one scale per output row (and small extras)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    assert layer(x).shape == (3, 32)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Wheels of the notebook test stack for an offline GPU host that already has torch and matplotlib,
+# Wheels of the notebook test stack (and torchao, for notebook 10's GPU rungs) for an offline GPU host that
+# already has torch and matplotlib,
 # at the versions pinned in tests/constraints.txt.
 #
 #   tools/wheelhouse.sh [DIR] [PYTHON_VERSION]      # DIR: .whl (keep it out of git); Python: 3.12
@@ -22,6 +23,6 @@ rm -rf "$dir"
 mkdir -p "$dir"
 python3 -m pip download -q --only-binary=:all: --implementation cp --python-version "$py" \
     "${platforms[@]}" --platform any -c tests/constraints.txt -d "$dir" \
-    pytest nbval ipykernel ipython ipywidgets nbclient nbformat tqdm
+    pytest nbval ipykernel ipython ipywidgets nbclient nbformat tqdm torchao
 count=$(find "$dir" -name '*.whl' | wc -l)
 echo "wheelhouse: $count wheels ($(du -sh "$dir" | cut -f1)) in $dir, for Python $py"

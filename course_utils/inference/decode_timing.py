@@ -12,7 +12,9 @@ is timed matters more than for training steps:
 
 from __future__ import annotations
 
+import re
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -20,7 +22,7 @@ import torch
 from ..models import GPT
 from .kv_cache import StaticKVCache, forward_with_cache, generate
 
-__all__ = ["seconds_per_step", "step_profile"]
+__all__ = ["KERNEL_KINDS", "kernel_kind", "seconds_per_step", "step_profile"]
 
 Step = Callable[..., torch.Tensor]
 
@@ -68,23 +70,56 @@ def seconds_per_step(model: GPT, batch: int, prompt_len: int, steps: int, rounds
 
 
 @torch.inference_mode()
-def step_profile(model: GPT, step: Step = forward_with_cache, steps: int = 8) -> dict[str, float]:
-    """From a profile of ``steps`` decode steps at batch 1: GPU kernels per step, the GPU's busy time per step
-    and the wall time per step. Busy time far below wall time: the GPU waits for the host (launch-bound)."""
+def step_profile(model: GPT, step: Step = forward_with_cache, steps: int = 8, prompt_len: int = 8,
+                 max_len: int | None = None) -> dict[str, float]:
+    """From a profile of ``steps`` decode steps at batch 1 after a ``prompt_len``-token prefill: GPU kernels per
+    step, the GPU's busy time per step and the wall time per step, and the busy time and kernels of each of
+    `KERNEL_KINDS` (keys ``products_s``, ``products_kernels``, ...). Busy time far below wall time: the GPU waits
+    for the host (launch-bound); the profiler slows the host too, so time an eager step without it. ``max_len``: the cache's length (default just enough); give a compiled ``step``
+    the length it was compiled for, or it compiles again for the new shape."""
     from torch.profiler import ProfilerActivity, profile
 
     device = model.tok.weight.device
-    cache = StaticKVCache(model.cfg, 1, steps + 9, dtype=model.tok.weight.dtype, device=device)
-    prompt = torch.zeros(1, 8, dtype=torch.long, device=device)
+    max_len = max_len or prompt_len + steps + 1
+    if prompt_len + steps > max_len:
+        raise ValueError(f"step_profile: a {prompt_len}-token prompt and {steps} steps do not fit a cache of "
+                         f"{max_len} positions")
+    cache = StaticKVCache(model.cfg, 1, max_len, dtype=model.tok.weight.dtype, device=device)
+    prompt = torch.zeros(1, prompt_len, dtype=torch.long, device=device)
     _decode(model, cache, *_prefill(model, cache, prompt), steps, step)  # warm-up
     token, pos = _prefill(model, cache, prompt)  # outside the profile: decode steps only
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     _sync(device)
-    with profile(activities=activities) as prof:
+    with warnings.catch_warnings(), profile(activities=activities) as prof:
+        warnings.filterwarnings("ignore", message=r".*Profiler clears events")  # torch 2.11 warns about cycles
         start = time.perf_counter()
         _decode(model, cache, token, pos, steps, step)
         _sync(device)
         wall = (time.perf_counter() - start) / steps
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return {"kernels_per_step": len(kernels) / steps, "gpu_busy_s": sum(e.device_time for e in kernels) / 1e6 / steps,
-            "wall_s": wall}
+    out = {"kernels_per_step": len(kernels) / steps, "gpu_busy_s": sum(e.device_time for e in kernels) / 1e6 / steps,
+           "wall_s": wall}
+    for kind in KERNEL_KINDS:
+        mine = [e for e in kernels if kernel_kind(e.name) == kind]
+        out[f"{kind}_s"] = sum(e.device_time for e in mine) / 1e6 / steps
+        out[f"{kind}_kernels"] = len(mine) / steps
+    return out
+
+
+KERNEL_KINDS = ("products", "attention", "norms", "other")
+"""How `step_profile` groups a step's GPU kernels: matrix products (cuBLAS's, CUTLASS's, or Inductor's
+reductions that compute one), attention (the fused kernel and what Inductor fuses into it: the cache writes),
+layer norms, and everything else (residual adds, GELU, copies)."""
+_PRODUCT = re.compile(r"gemm|gemv|nvjet|xmma|cutlass|splitk|int4pack|(^|_)mm(_|$)|_mm_|addmm", re.IGNORECASE)
+
+
+def kernel_kind(name: str) -> str:
+    """The `KERNEL_KINDS` group of a GPU kernel, from its name."""
+    low = name.lower()
+    if _PRODUCT.search(low):
+        return "products"
+    if any(word in low for word in ("attention", "sdpa", "flash", "fmha")):
+        return "attention"
+    if "norm" in low:
+        return "norms"
+    return "other"
