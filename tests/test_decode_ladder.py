@@ -1,4 +1,5 @@
-"""benchmarks/decode_ladder.py runs end to end (its --smoke mode: a tiny model on the CPU, nothing compiled)."""
+"""benchmarks/decode_ladder.py and benchmarks/inference_memory.py run end to end (their --smoke modes: a tiny model on
+the CPU, nothing compiled, nothing measured on a GPU)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,13 @@ def test_the_ladder_script_refuses_a_cpu_without_smoke(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=120, cwd=ROOT, env={"CUDA_VISIBLE_DEVICES": "",
                                                                                   "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "this machine has none" in r.stdout
+
+
+def test_the_memory_script_writes_the_plan_of_every_job(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "inference_memory.py"), "--output", str(tmp_path),
+                        "--smoke"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "inference_memory.json").read_text())
+    assert [row["weights"] for row in report["rows"]] == ["fp32", "int8"]
+    for row in report["rows"]:
+        assert row["predicted"]["prefill"] >= row["predicted"]["decode"] > 0
