@@ -7,11 +7,17 @@ greedy decoding with the static KV cache of `course_utils.inference.kv_cache` (p
 
 - ``eager-fp32``: the model as built, in float32, under ``torch.inference_mode``;
 - ``eager-bf16``: bf16 weights and cache, under ``torch.inference_mode``;
+- ``graphed-bf16``: the eager bf16 step captured in a CUDA graph (`course_utils.inference.graphed_step`);
 - ``compiled-bf16``: the decode step through ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), the position
-  a tensor so that nothing recompiles;
-- ``int8-by-hand``: `course_utils.inference.int8_weights` (int8 weights, per-channel scales), compiled the same way;
-- ``torchao-int8`` / ``torchao-int4``: torchao's ``quantize_`` with its weight-only configs, compiled, when torchao
-  is installed (and, for int4, when its kernel runs on this GPU; the reason is recorded when not).
+  a tensor so that nothing recompiles; ``-cdt`` and ``-cdt-mm`` variants (see `RUNGS`);
+- ``int8-by-hand``: `course_utils.inference.int8_weights` (int8 weights, per-channel scales), compiled the same way
+  with coordinate-descent tuning;
+- ``torchao-int8`` / ``torchao-int4`` / ``torchao-int4-plain``: torchao's ``quantize_`` with its weight-only configs
+  (int4 in tinygemm's layout, or its default plain one), compiled, when torchao is installed (and, for int4, when
+  its kernel runs on this GPU; the reason is recorded when not).
+
+``--profile`` adds each rung's kernels per step, GPU busy time and its split by kind of kernel
+(`course_utils.inference.decode_timing.step_profile`); ``--kernels`` the slowest kernels by name.
 
     python benchmarks/decode_ladder.py --output build/decode_ladder             # the 6.7 B and the small model
     python benchmarks/decode_ladder.py --output DIR --models small --rungs eager-bf16,compiled-bf16
@@ -66,8 +72,6 @@ RUNGS = ("eager-fp32", "eager-bf16", "graphed-bf16", "compiled-bf16", "compiled-
 turn a matrix-vector ``mm`` into a fused reduction; ``-mm``: every linear layer's bias added after ``F.linear``
 without it, so that the product is an ``mm``, not an ``addmm`` (which Inductor leaves to cuBLAS)."""
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-GEMV_SHAPES = {"qkv": (4096, 12288), "proj": (4096, 4096), "fc": (4096, 16384), "out": (16384, 4096),
-               "head": (4096, 32000)}
 
 
 def build(cfg: GPTConfig, device: torch.device, dtype: torch.dtype) -> GPT:
@@ -178,9 +182,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "date": datetime.date.today().isoformat(), "peak_gbps": args.peak_gbps, "models": {}}
-    if args.gemv and device.type == "cuda":
-        report["gemv"] = gemv_table(args)
-        save(args, report)
     for model_name in args.models:
         cfg = MODELS[model_name]
         base = build(cfg, device, torch.float32 if args.smoke else torch.bfloat16)
@@ -272,52 +273,6 @@ def sweep(base: GPT, cfg: GPTConfig, args: argparse.Namespace, mode: str) -> lis
     return rows
 
 
-def gemv_table(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """GB/s of one matrix-vector product (batch 1, bf16) of each of the 6.7 B model's layer shapes, eight copies
-    of the weight in turn so that none is read from the L2 cache: eager (``F.linear`` with and without bias,
-    cuBLAS), compiled with coordinate-descent tuning (with the bias inside and after), int8 weights by hand."""
-    rows = []
-    for label, (d_in, d_out) in GEMV_SHAPES.items():
-        g = torch.Generator(device="cuda").manual_seed(0)
-        ws = [torch.randn(d_out, d_in, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(8)]
-        b = torch.randn(d_out, device="cuda", dtype=torch.bfloat16)
-        qs = [(w.abs().amax(1) / 127, None) for w in ws]
-        q8 = [(torch.round(w / s[:, None]).to(torch.int8), s) for w, (s, _) in zip(ws, qs, strict=True)]
-        x = torch.randn(1, d_in, device="cuda", dtype=torch.bfloat16)
-
-        def with_bias(x, w, b):
-            return F.linear(x, w, b)
-
-        def then_bias(x, w, b):
-            return F.linear(x, w) + b
-
-        def int8(x, w, s, b):
-            return F.linear(x, w.to(x.dtype)) * s + b
-
-        set_inductor(cdt=True)
-        variants = {"eager-addmm": (with_bias, False), "eager-mm": (lambda x, w, b: F.linear(x, w), False),
-                    "compiled-addmm": (torch.compile(with_bias), False),
-                    "compiled-mm-then-bias": (torch.compile(then_bias), False),
-                    "compiled-int8": (torch.compile(int8), True)}
-        for name, (fn, is_int8) in variants.items():
-            args_of = [(x, *q8[i], b) if is_int8 else (x, ws[i], b) for i in range(8)]
-            for i in range(16):
-                fn(*args_of[i % 8])
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for i in range(200):
-                fn(*args_of[i % 8])
-            end.record()
-            torch.cuda.synchronize()
-            us = start.elapsed_time(end) * 1e3 / 200
-            moved = d_in * d_out * (1 if is_int8 else 2)
-            rows.append({"shape": label, "variant": name, "us": us, "gbps": moved / us / 1e3})
-            print(f"gemv {label} {name}: {us:.1f} us, {moved / us / 1e3:.0f} GB/s", flush=True)
-        torch._dynamo.reset()
-    return rows
-
-
 def save(args: argparse.Namespace, report: dict[str, Any]) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "decode_ladder.json").write_text(json.dumps(report, indent=1))
@@ -336,7 +291,6 @@ def main() -> int:
     parser.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the batch sweep")
     parser.add_argument("--profile", action="store_true", help="kernels per token and GPU busy time per rung")
     parser.add_argument("--kernels", action="store_true", help="the top GPU kernels of a decode step per rung")
-    parser.add_argument("--gemv", action="store_true", help="GB/s of one layer's matrix-vector product per shape")
     parser.add_argument("--sweep-modes", default="graphed", help="comma-separated: graphed, compiled-dynamic, "
                         "compiled-static")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="batches of the sweep")

@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from course_utils.memory.inference_plan import measure_inference, plan_inference  # noqa: E402
-from course_utils.models import GPTConfig  # noqa: E402
 
-MODELS = {
-    "6.7b": GPTConfig(vocab=32_000, seq_len=4096, d_model=4096, n_heads=32, n_layers=32, batch=1),
-    "1.3b": GPTConfig(vocab=32_000, seq_len=4096, d_model=2048, n_heads=16, n_layers=24, batch=1),
-    "small": GPTConfig(vocab=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=8, batch=1),
-    "tiny": GPTConfig(vocab=128, seq_len=64, d_model=64, n_heads=4, n_layers=2, batch=1),
-}
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from decode_ladder import MODELS as LADDER_MODELS  # noqa: E402
+
+# decode_ladder.py's shapes; the two large ones with a 4,096-position table, for the longer caches below
+MODELS = {name: replace(LADDER_MODELS[name], seq_len=4096) if name in ("6.7b", "1.3b") else LADDER_MODELS[name]
+          for name in ("6.7b", "1.3b", "small", "tiny")}
 # (model, weights, batch, prompt, cache length): weights "bf16", "int8" (by hand, head in bf16) or "fp32"
 CONFIGS = [
     ("6.7b", "bf16", 1, 128, 2048),

@@ -75,8 +75,9 @@ def step_profile(model: GPT, step: Step = forward_with_cache, steps: int = 8, pr
     """From a profile of ``steps`` decode steps at batch 1 after a ``prompt_len``-token prefill: GPU kernels per
     step, the GPU's busy time per step and the wall time per step, and the busy time and kernels of each of
     `KERNEL_KINDS` (keys ``products_s``, ``products_kernels``, ...). Busy time far below wall time: the GPU waits
-    for the host (launch-bound); the profiler slows the host too, so time an eager step without it. ``max_len``: the cache's length (default just enough); give a compiled ``step``
-    the length it was compiled for, or it compiles again for the new shape."""
+    for the host (launch-bound); the profiler slows the host too, so time an eager step without it.
+    ``max_len``: the cache's length (default just enough); give a compiled ``step`` the length it was compiled
+    for, or it compiles again for the new shape."""
     from torch.profiler import ProfilerActivity, profile
 
     device = model.tok.weight.device
