@@ -1,0 +1,593 @@
+"""Notebook 11: the workers of model parallelism on a DeviceMesh of gloo CPU processes: the mesh, tensor and
+sequence parallelism of the course's `Block`, loss parallel, pipeline schedules of the course's `GPT`, and
+FSDP2 × TP on a 2 × 2 mesh; each checked against one process.
+
+Each worker runs in a process started by `course_utils.distributed.launch.launch`, with the gloo process group
+already set up, and returns small picklable results: verdicts, counts and byte sizes (the same on every
+machine), and, apart under ``"timings"``, what the clock said. Every launch costs seconds: `run_demos` runs
+several workers in one.
+
+- `head_major`, `qkv_major`, `TPBlock`: the course's `Block` made ready for tensor parallelism. Its fused qkv
+  weight holds all of q, then k, then v; ``ColwiseParallel`` cuts the rows into contiguous pieces, so rank 0
+  would get q and half of k. Megatron-LM orders the rows by head (q, k, v of head 0, then head 1, ...):
+  then each piece holds whole heads. `TPBlock` reads that order and counts its heads from the tensor it gets.
+- `block_plan`, `tensor_parallel_gpt`: the ``parallelize_module`` plans (column-wise qkv and fc, row-wise proj
+  and out; with sequence parallelism, the norms sharded along the sequence).
+- `SavedActivations`: the bytes autograd holds for backward while a block runs, and the most it held.
+- `CollectiveBytes`: the size of each collective's tensor (``CommDebugMode`` counts them, without sizes).
+- Workers: `mesh_demo`, `tp_block_demo`, `loss_parallel_demo`, `pipeline_demo`, `bubble_demo`,
+  `fsdp_tp_demo`; `run_demos` runs several in one launch.
+- `bubble_fractions`: each stage's idle share of a pipeline step, from the ranks' timelines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..models import GPT, Block, GPTConfig, token_batch
+
+__all__ = ["TOLERANCE", "CollectiveBytes", "SavedActivations", "TPBlock", "block_plan", "bubble_demo",
+           "bubble_fractions", "fsdp_tp_demo", "head_major", "loss_parallel_demo", "mesh_demo",
+           "pipeline_demo", "qkv_major", "run_demos", "tensor_parallel_gpt", "tp_block_demo"]
+
+TOLERANCE = 1e-5  # the largest difference from one process allowed (float32 sums taken in another order)
+BLOCK_CFG = GPTConfig(vocab=256, seq_len=16, d_model=64, n_heads=4, n_layers=1, batch=4)
+
+
+# --- the block, ready for tensor parallelism -------------------------------------------------------------
+
+
+def head_major(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """qkv rows ordered (q, k, v) × heads, as `Block` has them, reordered heads × (q, k, v) (Megatron-LM)."""
+    return t.unflatten(0, (3, n_heads, -1)).transpose(0, 1).flatten(0, 2)
+
+
+def qkv_major(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of `head_major`: back to `Block`'s order."""
+    return t.unflatten(0, (n_heads, 3, -1)).transpose(0, 1).flatten(0, 2)
+
+
+class TPBlock(Block):
+    """`Block` with its qkv rows in `head_major` order, whose attention takes the number of heads from the
+    tensor: under ``ColwiseParallel`` each rank's qkv gives ``3 · d / tp`` features, its own ``n_heads / tp``
+    heads (`Block` would ``view`` them as all ``n_heads`` and fail). Unsharded, it computes what `Block` does."""
+
+    @classmethod
+    def from_block(cls, block: Block) -> TPBlock:
+        """A `TPBlock` with ``block``'s weights (qkv rows reordered)."""
+        d = block.norm1.normalized_shape[0]
+        new = cls(GPTConfig(d_model=d, n_heads=block.n_heads))
+        state = block.state_dict()
+        for name in ("qkv.weight", "qkv.bias"):
+            state[name] = head_major(state[name], block.n_heads)
+        new.load_state_dict(state)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape  # a DTensor (sequence parallelism) reports its global shape
+        head = d // self.n_heads
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, -1, 3, head).unbind(3)  # -1: the heads this rank holds
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, -1))
+        return x + self.mlp(self.norm2(x))
+
+
+def block_plan(sequence_parallel: bool = False, prefix: str = "") -> dict[str, ParallelStyle]:
+    """Megatron-LM's plan for a block: qkv and the MLP's fc column-wise (each rank computes its heads, its
+    quarter of the hidden features), proj and the MLP's out row-wise (partial sums, added by an all-reduce).
+    With ``sequence_parallel`` the norms run on each rank's share of the sequence; an all-gather brings the
+    whole sequence before qkv and fc, a reduce-scatter replaces the all-reduce after proj and out (the
+    block's input and output are then DTensors sharded along the sequence)."""
+    if not sequence_parallel:
+        plan: dict[str, ParallelStyle] = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
+                                          "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()}
+    else:
+        seq = Shard(1)
+        plan = {"norm1": SequenceParallel(), "qkv": ColwiseParallel(input_layouts=seq),
+                "proj": RowwiseParallel(output_layouts=seq, use_local_output=False),
+                "norm2": SequenceParallel(), "mlp.0": ColwiseParallel(input_layouts=seq),
+                "mlp.2": RowwiseParallel(output_layouts=seq, use_local_output=False)}
+    return {prefix + name: style for name, style in plan.items()}
+
+
+def tensor_parallel_gpt(cfg: GPTConfig, mesh: DeviceMesh, vocab_sharded_head: bool = False,
+                        seed: int = 0) -> GPT:
+    """The course's `GPT` (made after ``torch.manual_seed(seed)``, the weights of any process's GPT) with
+    `TPBlock` blocks, parallelized over ``mesh`` by `block_plan`; embeddings and norms replicated. With
+    ``vocab_sharded_head`` the head is column-wise too and its logits stay a DTensor sharded over the
+    vocabulary (for ``loss_parallel``)."""
+    torch.manual_seed(seed)
+    gpt = GPT(cfg)
+    plan: dict[str, ParallelStyle] = {}
+    for i, block in enumerate(gpt.blocks):
+        assert isinstance(block, Block)
+        gpt.blocks[i] = TPBlock.from_block(block)
+        plan |= block_plan(prefix=f"blocks.{i}.")
+    if vocab_sharded_head:
+        plan["head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    parallelize_module(gpt, mesh, plan)  # in place
+    return gpt
+
+
+def _full(name: str, t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """A parameter or gradient as one process has it: gathered, and qkv rows back in `Block`'s order."""
+    whole = t.full_tensor() if isinstance(t, DTensor) else t
+    return qkv_major(whole, n_heads) if name.endswith(("qkv.weight", "qkv.bias")) else whole
+
+
+def _max_diff(model: nn.Module, reference: nn.Module, n_heads: int, grads: bool = True) -> float:
+    """The largest difference between the gradients (or the weights) of ``model`` and ``reference``."""
+    worst = 0.0
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        a, b = (p.grad, q.grad) if grads else (p, q)
+        assert a is not None and b is not None, f"{name} has no gradient"
+        worst = max(worst, (_full(name, a, n_heads) - b).abs().max().item())
+    return worst
+
+
+# --- what a rank holds and sends ------------------------------------------------------------------------
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class SavedActivations:
+    """The bytes autograd keeps for backward, counted while they are kept::
+
+        saved = SavedActivations(model)
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            loss = model(x).sum()      # saved.now grows ...
+        loss.backward()                # ... and falls as backward frees what it used
+        saved.peak                     # the most held at once
+
+    A storage saved several times counts once; ``exclude``'s parameters (which ``linear`` saves for its
+    backward) do not count; a DTensor counts its local shard."""
+
+    def __init__(self, exclude: nn.Module | None = None) -> None:
+        params = exclude.parameters() if exclude is not None else []
+        self.skip = {_local(p).untyped_storage().data_ptr() for p in params}
+        self.refs: dict[int, int] = defaultdict(int)  # storage → how many saved tensors use it
+        self.now = 0
+        self.peak = 0
+
+    def pack(self, t: torch.Tensor) -> Any:
+        storage = _local(t).untyped_storage()
+        key, size = storage.data_ptr(), storage.nbytes()
+        if key in self.skip or size == 0:
+            return t
+        if self.refs[key] == 0:
+            self.now += size
+            self.peak = max(self.peak, self.now)
+        self.refs[key] += 1
+        return _Kept(t, self, key, size)
+
+    def unpack(self, kept: Any) -> torch.Tensor:
+        return kept.tensor if isinstance(kept, _Kept) else kept
+
+    def release(self, key: int, size: int) -> None:
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            self.now -= size
+
+
+class _Kept:
+    """A saved tensor; when autograd lets go of it (after its backward), `SavedActivations` is told."""
+
+    def __init__(self, tensor: torch.Tensor, saved: SavedActivations, key: int, size: int) -> None:
+        self.tensor, self.saved, self.key, self.size = tensor, saved, key, size
+
+    def __del__(self) -> None:
+        self.saved.release(self.key, self.size)
+
+
+class CollectiveBytes(TorchDispatchMode):
+    """The bytes of each collective's full tensor (an all-reduce's input, an all-gather's output, a
+    reduce-scatter's input), summed by collective: ``with CollectiveBytes() as c: ...; c.bytes``.
+    A ring moves ``2 (n−1)/n`` of that per rank for an all-reduce, ``(n−1)/n`` for the other two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes: dict[str, int] = defaultdict(int)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(t is DTensor for t in types):
+            return NotImplemented  # let DTensor turn the op into local ops and collectives, seen next
+        out = func(*args, **(kwargs or {}))
+        if getattr(func, "namespace", None) == "_c10d_functional" and isinstance(args[0], torch.Tensor):
+            name = func._overloadpacket.__name__
+            if name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
+                self.bytes[name] += max(args[0].nbytes, out.nbytes)
+        return out
+
+
+def _counts(mode: CommDebugMode) -> dict[str, int]:
+    """``CommDebugMode``'s counts, by the collective's short name (``all_reduce``)."""
+    return {str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items()}
+
+
+def _params(model: nn.Module) -> int:
+    """Parameters this rank holds (a DTensor's local shard)."""
+    return sum(_local(p).numel() for p in model.parameters())
+
+
+# --- the workers ----------------------------------------------------------------------------------------
+
+
+def mesh_demo(rank: int, world_size: int, shape: tuple[int, ...] = (2, 2),
+              names: tuple[str, ...] = ("dp", "tp")) -> dict[str, Any]:
+    """``init_device_mesh("cpu", shape, mesh_dim_names=names)``: the ranks' layout, this rank's coordinate,
+    and the ranks of its group along each dimension (the ranks it talks to for that kind of parallelism)."""
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    return {"rank": rank, "mesh": mesh.mesh.tolist(), "coordinate": tuple(mesh.get_coordinate() or ()),
+            "groups": {name: dist.get_process_group_ranks(mesh.get_group(name)) for name in names}}
+
+
+def tp_block_demo(rank: int, world_size: int, sequence_parallel: bool = False) -> dict[str, Any]:
+    """The course's `Block` split over ``world_size`` ranks (`TPBlock`, `block_plan`) against the whole
+    block in this process, on the same input: the outputs and every gradient (weights and input) equal
+    within `TOLERANCE`; ``CommDebugMode``'s collectives in forward and backward, with their sizes
+    (`CollectiveBytes`); the parameters and the activations saved for backward on this rank and in one
+    process."""
+    cfg = BLOCK_CFG
+    torch.manual_seed(0)
+    reference = Block(cfg)
+    x = torch.randn(cfg.batch, cfg.seq_len, cfg.d_model, generator=torch.Generator().manual_seed(1))
+    x_ref = x.clone().requires_grad_()
+    whole = SavedActivations(reference)
+    with torch.autograd.graph.saved_tensors_hooks(whole.pack, whole.unpack):
+        out_ref = reference(x_ref)
+    out_ref.square().mean().backward()
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    block = TPBlock.from_block(reference)
+    parallelize_module(block, mesh, block_plan(sequence_parallel))  # in place: the same module, sharded
+    x_tp = x.clone().requires_grad_()
+    # with sequence parallelism each rank starts with its share of the sequence
+    inp = DTensor.from_local(x_tp.chunk(world_size, dim=1)[rank], mesh, [Shard(1)]) if sequence_parallel else x_tp
+    saved = SavedActivations(block)
+    with CommDebugMode() as fwd, CollectiveBytes() as fwd_bytes:
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            out = block(inp)
+    with CommDebugMode() as bwd, CollectiveBytes() as bwd_bytes:
+        # this rank's part of mean(out²): the gradient of each rank's share of the output is exact
+        (_local(out).square().sum() / out_ref.numel()).backward()
+
+    assert x_tp.grad is not None and x_ref.grad is not None
+    mine, expected = x_tp.grad, x_ref.grad
+    if sequence_parallel:  # this rank's share of the sequence is where its gradient lands
+        mine, expected = mine.chunk(world_size, dim=1)[rank], expected.chunk(world_size, dim=1)[rank]
+    out_diff = (_full("out", out, cfg.n_heads) - out_ref).abs().max().item()
+    grad_diff = max(_max_diff(block, reference, cfg.n_heads), (mine - expected).abs().max().item())
+    return {"rank": rank, "sequence_parallel": sequence_parallel,
+            "output_equal": out_diff < TOLERANCE, "grads_equal": grad_diff < TOLERANCE,
+            "max_diff": max(out_diff, grad_diff),
+            "forward": _counts(fwd), "backward": _counts(bwd),
+            "forward_bytes": dict(fwd_bytes.bytes), "backward_bytes": dict(bwd_bytes.bytes),
+            "activation_bytes": x.nbytes,  # b·t·d·4, the paper's unit
+            "params": _params(block), "params_one_process": _params(reference),
+            "saved_bytes": saved.peak, "saved_bytes_one_process": whole.peak,
+            "local_qkv_weight": tuple(_local(block.qkv.weight).shape)}
+
+
+def loss_parallel_demo(rank: int, world_size: int) -> dict[str, Any]:
+    """A GPT with tensor-parallel blocks and a head sharded over the vocabulary: under ``loss_parallel`` the
+    cross-entropy is computed from the sharded logits (no rank holds all b·t·V of them). Its loss and
+    gradients against one process, and ``CommDebugMode``'s collectives in forward and backward."""
+    cfg = GPTConfig(n_layers=2)
+    tokens = token_batch(cfg, torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    reference = GPT(cfg)
+    ref_loss = reference.loss(tokens)
+    ref_loss.backward()
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    gpt = tensor_parallel_gpt(cfg, mesh, vocab_sharded_head=True)
+    with loss_parallel():  # the backward too must run inside it
+        with CommDebugMode() as fwd:
+            loss = gpt.loss(tokens)
+        with CommDebugMode() as bwd:
+            loss.backward()
+    loss_diff = abs(_full("loss", loss, cfg.n_heads).item() - ref_loss.item())
+    grad_diff = _max_diff(gpt, reference, cfg.n_heads)
+    return {"rank": rank, "loss_equal": loss_diff < TOLERANCE, "grads_equal": grad_diff < TOLERANCE,
+            "max_diff": max(loss_diff, grad_diff), "forward": _counts(fwd), "backward": _counts(bwd),
+            "local_head_weight": tuple(_local(gpt.head.weight).shape)}
+
+
+# --- pipeline parallelism -------------------------------------------------------------------------------
+
+PIPE_CFG = GPTConfig(vocab=256, seq_len=33, d_model=64, n_heads=4, n_layers=4, batch=16)
+
+
+class GPTPart(nn.Module):
+    """Blocks ``start:stop`` of ``gpt`` (sharing its weights), with the embeddings in the first part and the
+    final norm and head in the last: one pipeline stage."""
+
+    def __init__(self, gpt: GPT, start: int, stop: int) -> None:
+        super().__init__()
+        first, last = start == 0, stop == len(gpt.blocks)
+        self.tok: nn.Module | None = gpt.tok if first else None
+        self.pos: nn.Module | None = gpt.pos if first else None
+        self.blocks = nn.ModuleList(gpt.blocks[start:stop])
+        self.norm: nn.Module | None = gpt.norm if last else None
+        self.head: nn.Module | None = gpt.head if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tok is not None and self.pos is not None:  # tokens in, vectors out
+            x = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        if self.norm is not None and self.head is not None:
+            x = self.head(self.norm(x))
+        return x
+
+
+def _next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`GPT.loss` from logits: the pipeline's last stage computes it for each microbatch."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+Timeline = list[tuple[int, str, int, float, float]]  # (stage, "F" or "B", microbatch, start s, end s)
+
+
+def _timed(stage: Any, timeline: Timeline) -> Any:
+    """``stage`` with its forward and backward of one microbatch timed into ``timeline`` (the schedules call
+    these two methods; receiving and sending happen outside them)."""
+    for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk")):
+        setattr(stage, name, _timer(getattr(stage, name), stage.stage_index, kind, timeline))
+    return stage
+
+
+def _timer(run: Callable[..., Any], stage: int, kind: str, timeline: Timeline) -> Callable[..., Any]:
+    """``run(chunk, ...)``, noting ``(stage, kind, chunk, start, end)`` in ``timeline``."""
+    def timed(chunk: int, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = run(chunk, *args, **kwargs)
+        timeline.append((stage, kind, chunk, start, time.perf_counter()))
+        return out
+    return timed
+
+
+def _schedule(parts: dict[int, nn.Module], n_stages: int, schedule: str, n_microbatches: int,
+              loss_fn: Callable[..., torch.Tensor], timeline: Timeline) -> Any:
+    """A ``torch.distributed.pipelining`` schedule (``"GPipe"``, ``"1F1B"``, ``"Interleaved1F1B"``...) over
+    this rank's stages ``{stage index: module}``, each timed into ``timeline``."""
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+
+    stages = [_timed(pipelining.PipelineStage(part, index, n_stages, torch.device("cpu")), timeline)
+              for index, part in parts.items()]
+    cls = getattr(pipelining, f"Schedule{schedule}")
+    several = issubclass(cls, PipelineScheduleMulti)  # interleaved: several stages per rank
+    return cls(stages if several else stages[0], n_microbatches, loss_fn=loss_fn)
+
+
+def _stages_of(rank: int, world_size: int, schedule: str) -> list[int]:
+    """The stages a rank runs: one, or with an interleaved schedule two, ``rank`` and ``rank + world_size``
+    (the loop: stage 0 → 1 → ... on the ranks in turn, twice)."""
+    return [rank, rank + world_size] if schedule.startswith("Interleaved") else [rank]
+
+
+def _step(pipe: Any, rank: int, world_size: int, inputs: torch.Tensor, targets: torch.Tensor) -> list[Any]:
+    """One pipeline step: the first rank feeds the inputs, the last the targets; the losses come back there."""
+    losses: list[Any] = []
+    if rank == 0:
+        pipe.step(inputs)
+    elif rank == world_size - 1:
+        pipe.step(target=targets, losses=losses)
+    else:
+        pipe.step()
+    return losses
+
+
+def _timed_step(pipe: Any, rank: int, world_size: int, inputs: torch.Tensor, targets: torch.Tensor,
+                model: nn.Module, timeline: Timeline,
+                saved: SavedActivations | None = None) -> tuple[list[Any], float, float]:
+    """A measured step, after a first one (the stages learn their shapes from it; ``model``'s gradients are
+    then cleared): its losses, the time it took, and the common origin of its timeline (rank 0's clock; one
+    machine, one monotonic clock)."""
+    _step(pipe, rank, world_size, inputs, targets)
+    model.zero_grad()
+    timeline.clear()
+    origin = torch.tensor([time.perf_counter()], dtype=torch.float64)
+    dist.barrier()
+    dist.broadcast(origin, 0)
+    start = time.perf_counter()
+    if saved is None:
+        losses = _step(pipe, rank, world_size, inputs, targets)
+    else:
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            losses = _step(pipe, rank, world_size, inputs, targets)
+    return losses, time.perf_counter() - start, origin.item()
+
+
+def _order(timeline: Timeline, several: bool) -> str:
+    """The order this rank ran its microbatches in: ``"F0 F1 B0 ..."`` (``F0@2``: stage 2's)."""
+    return " ".join(f"{kind}{mb}" + (f"@{stage}" if several else "") for stage, kind, mb, _, _ in timeline)
+
+
+def _ms(timeline: Timeline, origin: float) -> list[tuple[int, str, int, float, float]]:
+    return [(stage, kind, mb, round((a - origin) * 1e3, 2), round((b - origin) * 1e3, 2))
+            for stage, kind, mb, a, b in timeline]
+
+
+def pipeline_demo(rank: int, world_size: int, schedule: str = "GPipe", n_microbatches: int = 4) -> dict[str, Any]:
+    """The course's GPT (4 blocks) cut into one stage per rank (two with an interleaved schedule), trained
+    one step with ``torch.distributed.pipelining``'s ``Schedule<schedule>`` on ``n_microbatches``
+    microbatches. Against one process on the whole batch: the loss (on the last rank) and this rank's
+    gradients. The order its microbatches ran in, the most bytes its stages kept for backward at once
+    (`SavedActivations`), and under ``"timings"`` each forward and backward's start and end (ms)."""
+    cfg = PIPE_CFG
+    tokens = token_batch(cfg, torch.Generator().manual_seed(0))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    torch.manual_seed(0)
+    reference = GPT(cfg)
+    whole = SavedActivations(reference)
+    with torch.autograd.graph.saved_tensors_hooks(whole.pack, whole.unpack):
+        ref_loss = reference.loss(tokens)
+    ref_loss.backward()
+
+    torch.manual_seed(0)
+    gpt = GPT(cfg)  # the same weights; this rank keeps only its stages' part of them
+    indices = _stages_of(rank, world_size, schedule)
+    n_stages, per = world_size * len(indices), cfg.n_layers // (world_size * len(indices))
+    parts: dict[int, nn.Module] = {i: GPTPart(gpt, i * per, (i + 1) * per) for i in indices}
+    timeline: Timeline = []
+    pipe = _schedule(parts, n_stages, schedule, n_microbatches, _next_token_loss, timeline)
+    saved = SavedActivations(gpt)
+    losses, seconds, origin = _timed_step(pipe, rank, world_size, inputs, targets, gpt, timeline, saved)
+
+    mine = {id(p) for part in parts.values() for p in part.parameters()}
+    grad_diff = max((p.grad - q.grad).abs().max().item()  # type: ignore[operator]
+                    for p, q in zip(gpt.parameters(), reference.parameters(), strict=True) if id(p) in mine)
+    found: dict[str, Any] = {"rank": rank, "stages": indices, "grads_equal": grad_diff < TOLERANCE,
+                             "max_diff": grad_diff, "order": _order(timeline, len(indices) > 1),
+                             "saved_peak_bytes": saved.peak, "saved_bytes_one_process": whole.peak,
+                             "timings": {"step_s": seconds, "timeline_ms": _ms(timeline, origin)}}
+    if losses:
+        # the losses of the measured step (no optimizer: the first step left the weights as they were)
+        loss_diff = abs(torch.stack(losses).mean().item() - ref_loss.item())
+        found |= {"loss_equal": loss_diff < TOLERANCE, "max_diff": max(grad_diff, loss_diff)}
+    return found
+
+
+class _Wait(torch.autograd.Function):
+    """The identity, which takes a fixed time in forward and in backward (a sleep: it leaves the cores free)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
+        ctx.backward_s = backward_s
+        time.sleep(forward_s)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        time.sleep(ctx.backward_s)
+        return grad, None, None
+
+
+class FixedTimeStage(nn.Module):
+    """A pipeline stage whose forward takes ``forward_s`` seconds and whose backward ``backward_s`` (a small
+    linear layer, then `_Wait`): stages of equal, known cost, as ``(p − 1)/(m + p − 1)`` assumes, that do not
+    compete for this machine's few cores."""
+
+    def __init__(self, forward_s: float, backward_s: float) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.forward_s, self.backward_s = forward_s, backward_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Wait.apply(self.linear(x), self.forward_s, self.backward_s)
+
+
+def bubble_demo(rank: int, world_size: int, schedule: str = "GPipe", n_microbatches: int = 4,
+                forward_s: float = 0.02, backward_s: float = 0.04) -> dict[str, Any]:
+    """One step of ``Schedule<schedule>`` over `FixedTimeStage` stages (each rank's work per microbatch
+    takes ``forward_s`` + ``backward_s``, split between its stages when it has two): the order of its
+    microbatches and, under ``"timings"``, its timeline (ms), from which `bubble_fractions` measures the
+    bubble. The sends and receives are real; only the compute is a wait."""
+    indices = _stages_of(rank, world_size, schedule)
+    k = len(indices)
+    torch.manual_seed(0)
+    parts: dict[int, nn.Module] = {i: FixedTimeStage(forward_s / k, backward_s / k) for i in indices}
+    timeline: Timeline = []
+    pipe = _schedule(parts, world_size * k, schedule, n_microbatches, F.mse_loss, timeline)
+    batch = torch.randn(2 * n_microbatches, 8, generator=torch.Generator().manual_seed(0))
+    _, seconds, origin = _timed_step(pipe, rank, world_size, batch, batch, nn.ModuleList(parts.values()),
+                                     timeline)
+    return {"rank": rank, "stages": indices, "order": _order(timeline, k > 1),
+            "timings": {"step_s": seconds, "timeline_ms": _ms(timeline, origin)}}
+
+
+def bubble_fractions(timelines: Sequence[Sequence[tuple[int, str, int, float, float]]]) -> list[float]:
+    """Each rank's idle share of a pipeline step, from the ranks' timelines (``result["timings"]
+    ["timeline_ms"]`` of `bubble_demo` or `pipeline_demo`, one per rank): 1 − (its time computing) / (from
+    the first start to the last end on any rank). ``(p − 1)/(m + p − 1)`` is the ideal for GPipe and 1F1B
+    with p equal stages and m microbatches, when sending costs nothing."""
+    start = min(a for timeline in timelines for *_, a, _ in timeline)
+    end = max(b for timeline in timelines for *_, b in timeline)
+    return [1 - sum(b - a for *_, a, b in timeline) / (end - start) for timeline in timelines]
+
+
+# --- FSDP2 × TP -----------------------------------------------------------------------------------------
+
+
+def fsdp_tp_demo(rank: int, world_size: int, steps: int = 3, lr: float = 0.1) -> dict[str, Any]:
+    """The torchtitan recipe on a ``("dp", "tp")`` mesh of 2 × (``world_size`` / 2): tensor-parallel blocks
+    (`tensor_parallel_gpt`) within each "tp" group, then FSDP2's ``fully_shard`` of each block and of the
+    model across "dp"; each "dp" group trains on its share of the batch. ``steps`` SGD steps against one
+    process on the whole batch: the losses and the weights equal within `TOLERANCE`; each weight's
+    placements on the 2-D mesh and this rank's share of the parameters."""
+    from torch.distributed.fsdp import fully_shard
+
+    cfg = GPTConfig(n_layers=2)
+    tokens = token_batch(cfg, torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    reference = GPT(cfg)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=lr)
+    ref_losses = []
+    for _ in range(steps):
+        loss = reference.loss(tokens)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(loss.item())
+
+    mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("dp", "tp"))
+    gpt = tensor_parallel_gpt(cfg, mesh["tp"])
+    for block in gpt.blocks:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(gpt, mesh=mesh["dp"])
+    opt = torch.optim.SGD(gpt.parameters(), lr=lr)
+    dp = mesh.get_local_rank("dp")
+    mine = tokens.chunk(2)[dp]  # the same rows for the ranks of one "tp" group
+    losses = []
+    for _ in range(steps):
+        loss = gpt.loss(mine)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        both = loss.detach().clone()
+        dist.all_reduce(both, group=mesh.get_group("dp"))  # the whole batch's loss: the mean of the halves
+        losses.append(both.item() / 2)
+    loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True))
+    weight_diff = _max_diff(gpt, reference, cfg.n_heads, grads=False)
+    return {"rank": rank, "coordinate": tuple(mesh.get_coordinate() or ()),
+            "losses_equal": loss_diff < TOLERANCE, "weights_equal": weight_diff < TOLERANCE,
+            "max_diff": max(loss_diff, weight_diff), "losses": [round(x, 4) for x in losses],
+            "placements": {name: str(p.placements) for name, p in gpt.named_parameters()  # type: ignore[attr-defined]
+                           if name.startswith("blocks.0.") or not name.startswith("blocks.")},
+            "params": _params(gpt), "params_one_process": _params(reference)}
+
+
+# --- several workers in one launch ----------------------------------------------------------------------
+
+
+def run_demos(rank: int, world_size: int, calls: Sequence[tuple[Callable[..., Any], dict[str, Any]]],
+              ) -> list[Any]:
+    """Run each ``(worker, keyword arguments)`` of ``calls`` in turn, in the same process group: one launch
+    (seconds of start-up) for several demos. ``launch(run_demos, 2, [(tp_block_demo, {}), (pipeline_demo,
+    {"schedule": "1F1B"})])``."""
+    return [worker(rank, world_size, **kwargs) for worker, kwargs in calls]
