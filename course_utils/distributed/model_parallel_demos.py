@@ -17,6 +17,8 @@ several workers in one.
 - `CollectiveBytes`: the size of each collective's tensor (``CommDebugMode`` counts them, without sizes).
 - Workers: `mesh_demo`, `tp_block_demo`, `loss_parallel_demo`, `pipeline_demo`, `bubble_demo`,
   `fsdp_tp_demo`; `run_demos` runs several in one launch.
+- `GPTPart`: blocks ``start:stop`` of a `GPT`, a pipeline stage; `FixedTimeStage`: a stage whose forward and
+  backward take a fixed time (a sleep), for a bubble free of this machine's noise.
 - `bubble_fractions`: each stage's idle share of a pipeline step, from the ranks' timelines.
 """
 
@@ -42,16 +44,20 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
     parallelize_module,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..models import GPT, Block, GPTConfig, token_batch
 
-__all__ = ["TOLERANCE", "CollectiveBytes", "SavedActivations", "TPBlock", "block_plan", "bubble_demo",
-           "bubble_fractions", "fsdp_tp_demo", "head_major", "loss_parallel_demo", "mesh_demo",
-           "pipeline_demo", "qkv_major", "run_demos", "tensor_parallel_gpt", "tp_block_demo"]
+__all__ = ["BLOCK_CFG", "PIPE_CFG", "TOLERANCE", "CollectiveBytes", "FixedTimeStage", "GPTPart",
+           "SavedActivations", "TPBlock", "block_plan", "bubble_demo", "bubble_fractions", "fsdp_tp_demo",
+           "head_major", "loss_parallel_demo", "mesh_demo", "pipeline_demo", "qkv_major", "run_demos",
+           "tensor_parallel_gpt", "tp_block_demo"]
+
+# PyTorch documents __torch_dispatch__ modes with this class ("Extending PyTorch"); it lives in a module whose
+# name starts with an underscore, which `import torch` has already loaded.
+TorchDispatchMode: Any = torch.utils._python_dispatch.TorchDispatchMode
 
 TOLERANCE = 1e-5  # the largest difference from one process allowed (float32 sums taken in another order)
-BLOCK_CFG = GPTConfig(vocab=256, seq_len=16, d_model=64, n_heads=4, n_layers=1, batch=4)
+BLOCK_CFG = GPTConfig(vocab=256, seq_len=16, d_model=64, n_heads=4, n_layers=1, batch=4)  # `tp_block_demo`'s
 
 
 # --- the block, ready for tensor parallelism -------------------------------------------------------------
@@ -318,7 +324,7 @@ def loss_parallel_demo(rank: int, world_size: int) -> dict[str, Any]:
 
 # --- pipeline parallelism -------------------------------------------------------------------------------
 
-PIPE_CFG = GPTConfig(vocab=256, seq_len=33, d_model=64, n_heads=4, n_layers=4, batch=16)
+PIPE_CFG = GPTConfig(vocab=256, seq_len=33, d_model=64, n_heads=4, n_layers=4, batch=16)  # `pipeline_demo`'s
 
 
 class GPTPart(nn.Module):
@@ -402,14 +408,18 @@ def _step(pipe: Any, rank: int, world_size: int, inputs: torch.Tensor, targets: 
     return losses
 
 
-def _timed_step(pipe: Any, rank: int, world_size: int, inputs: torch.Tensor, targets: torch.Tensor,
-                model: nn.Module, timeline: Timeline,
-                saved: SavedActivations | None = None) -> tuple[list[Any], float, float]:
-    """A measured step, after a first one (the stages learn their shapes from it; ``model``'s gradients are
-    then cleared): its losses, the time it took, and the common origin of its timeline (rank 0's clock; one
-    machine, one monotonic clock)."""
+def _first_step(pipe: Any, rank: int, world_size: int, inputs: torch.Tensor, targets: torch.Tensor,
+                model: nn.Module) -> None:
+    """A step not measured: the stages learn the shapes they send and receive from it. It leaves
+    ``model``'s weights as they were (no optimizer) and its gradients are cleared."""
     _step(pipe, rank, world_size, inputs, targets)
     model.zero_grad()
+
+
+def _timed_step(pipe: Any, rank: int, world_size: int, inputs: torch.Tensor, targets: torch.Tensor,
+                timeline: Timeline, saved: SavedActivations | None = None) -> tuple[list[Any], float, float]:
+    """A measured step: its losses, the time it took, and the common origin of its timeline (rank 0's clock;
+    one machine, one monotonic clock). ``saved`` counts the bytes kept for backward meanwhile."""
     timeline.clear()
     origin = torch.tensor([time.perf_counter()], dtype=torch.float64)
     dist.barrier()
@@ -456,8 +466,9 @@ def pipeline_demo(rank: int, world_size: int, schedule: str = "GPipe", n_microba
     parts: dict[int, nn.Module] = {i: GPTPart(gpt, i * per, (i + 1) * per) for i in indices}
     timeline: Timeline = []
     pipe = _schedule(parts, n_stages, schedule, n_microbatches, _next_token_loss, timeline)
+    _first_step(pipe, rank, world_size, inputs, targets, gpt)
     saved = SavedActivations(gpt)
-    losses, seconds, origin = _timed_step(pipe, rank, world_size, inputs, targets, gpt, timeline, saved)
+    losses, seconds, origin = _timed_step(pipe, rank, world_size, inputs, targets, timeline, saved)
 
     mine = {id(p) for part in parts.values() for p in part.parameters()}
     grad_diff = max((p.grad - q.grad).abs().max().item()  # type: ignore[operator]
@@ -511,12 +522,14 @@ def bubble_demo(rank: int, world_size: int, schedule: str = "GPipe", n_microbatc
     indices = _stages_of(rank, world_size, schedule)
     k = len(indices)
     torch.manual_seed(0)
-    parts: dict[int, nn.Module] = {i: FixedTimeStage(forward_s / k, backward_s / k) for i in indices}
+    stages = {i: FixedTimeStage(0.0, 0.0) for i in indices}  # no waiting in the first step
     timeline: Timeline = []
-    pipe = _schedule(parts, world_size * k, schedule, n_microbatches, F.mse_loss, timeline)
+    pipe = _schedule(dict(stages), world_size * k, schedule, n_microbatches, F.mse_loss, timeline)
     batch = torch.randn(2 * n_microbatches, 8, generator=torch.Generator().manual_seed(0))
-    _, seconds, origin = _timed_step(pipe, rank, world_size, batch, batch, nn.ModuleList(parts.values()),
-                                     timeline)
+    _first_step(pipe, rank, world_size, batch, batch, nn.ModuleList(stages.values()))
+    for stage in stages.values():
+        stage.forward_s, stage.backward_s = forward_s / k, backward_s / k
+    _, seconds, origin = _timed_step(pipe, rank, world_size, batch, batch, timeline)
     return {"rank": rank, "stages": indices, "order": _order(timeline, k > 1),
             "timings": {"step_s": seconds, "timeline_ms": _ms(timeline, origin)}}
 

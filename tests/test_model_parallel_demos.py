@@ -1,0 +1,144 @@
+"""course_utils.distributed.model_parallel_demos: notebook 11's workers. The pieces in this process (Megatron-LM's
+qkv order, the tensor-parallel block unsharded, the saved-activation meter, the bubble arithmetic), then the
+workers in gloo processes: two ranks in one launch (tensor and sequence parallelism, loss parallel, pipeline
+schedules, the bubble), four in another (the meshes, FSDP2 × TP)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from course_utils.distributed import model_parallel_demos as M
+from course_utils.distributed.launch import launch
+from course_utils.memory.accounting import saved_tensor_bytes
+from course_utils.models import GPT, Block, GPTConfig, token_batch
+
+CFG = GPTConfig(vocab=64, seq_len=8, d_model=32, n_heads=4, n_layers=2, batch=3)
+
+
+def test_head_major_groups_each_heads_q_k_v_and_qkv_major_undoes_it() -> None:
+    rows = torch.arange(3 * 4 * 2)  # (q, k, v) × 4 heads × 2 features, numbered
+    grouped = M.head_major(rows, 4)
+    assert grouped[:6].tolist() == [0, 1, 8, 9, 16, 17]  # head 0's q, k and v
+    assert torch.equal(M.qkv_major(grouped, 4), rows)
+
+
+def test_tp_block_unsharded_computes_what_block_does() -> None:
+    torch.manual_seed(0)
+    block = Block(CFG)
+    x = torch.randn(CFG.batch, CFG.seq_len, CFG.d_model)
+    assert torch.allclose(M.TPBlock.from_block(block)(x), block(x), atol=1e-6)
+    plain = M.TPBlock(CFG)
+    plain.load_state_dict(block.state_dict())  # Block's qkv order read as head-major: other heads
+    assert not torch.allclose(plain(x), block(x), atol=1e-3)
+
+
+def test_saved_activations_peak_is_what_autograd_saves_and_backward_frees_it() -> None:
+    torch.manual_seed(0)
+    block = Block(CFG)
+    x = torch.randn(CFG.batch, CFG.seq_len, CFG.d_model, requires_grad=True)
+    _, expected = saved_tensor_bytes(lambda: block(x), exclude=block)
+    saved = M.SavedActivations(block)
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        out = block(x)
+    assert saved.now == saved.peak == expected > 0
+    out.sum().backward()
+    del out
+    assert saved.now == 0 and saved.peak == expected
+
+
+def test_gpt_parts_chained_are_the_gpt() -> None:
+    torch.manual_seed(0)
+    gpt = GPT(CFG)
+    tokens = token_batch(CFG, torch.Generator().manual_seed(0))
+    first, last = M.GPTPart(gpt, 0, 1), M.GPTPart(gpt, 1, 2)
+    assert first.head is None and last.tok is None
+    assert torch.allclose(last(first(tokens)), gpt(tokens), atol=1e-6)
+
+
+def test_bubble_fractions_of_a_drawn_gpipe_step() -> None:
+    # two stages, two microbatches, forward 1, backward 2: stage 0 idles 3 of 9, stage 1 too
+    stage0 = [(0, "F", 0, 0, 1), (0, "F", 1, 1, 2), (0, "B", 0, 5, 7), (0, "B", 1, 7, 9)]
+    stage1 = [(1, "F", 0, 1, 2), (1, "F", 1, 2, 3), (1, "B", 0, 3, 5), (1, "B", 1, 5, 7)]
+    assert M.bubble_fractions([stage0, stage1]) == pytest.approx([1 / 3, 1 / 3])
+
+
+TWO_RANKS: list[tuple[Any, dict[str, Any]]] = [
+    (M.tp_block_demo, {}), (M.tp_block_demo, {"sequence_parallel": True}), (M.loss_parallel_demo, {}),
+    (M.pipeline_demo, {"schedule": "GPipe", "n_microbatches": 8}),
+    (M.pipeline_demo, {"schedule": "1F1B", "n_microbatches": 8}),
+    (M.pipeline_demo, {"schedule": "Interleaved1F1B", "n_microbatches": 4}),
+    (M.bubble_demo, {"schedule": "GPipe", "n_microbatches": 4}),
+    (M.bubble_demo, {"schedule": "1F1B", "n_microbatches": 8})]
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[list[Any]]:
+    """Every two-rank worker, in one launch: ``[demo][rank]``."""
+    ranks = launch(M.run_demos, 2, TWO_RANKS, timeout=240, quiet=True)
+    return [list(results) for results in zip(*ranks, strict=True)]
+
+
+def test_tensor_parallel_block_equals_the_block_with_megatrons_two_all_reduces(two_ranks: list[list[Any]]) -> None:
+    for r in two_ranks[0]:
+        assert r["output_equal"] and r["grads_equal"], r
+        assert r["forward"] == r["backward"] == {"all_reduce": 2}  # Megatron-LM: two per block each way
+        assert r["forward_bytes"] == {"all_reduce": 2 * r["activation_bytes"]}  # each of b·t·d
+        assert r["local_qkv_weight"] == (3 * 64 // 2, 64)  # two heads of four
+        assert r["params"] < r["params_one_process"] and r["saved_bytes"] < r["saved_bytes_one_process"]
+
+
+def test_sequence_parallelism_gathers_and_scatters_the_same_bytes(two_ranks: list[list[Any]]) -> None:
+    tp, sp = two_ranks[0][0], two_ranks[1][0]
+    for r in two_ranks[1]:
+        assert r["output_equal"] and r["grads_equal"], r
+        assert r["forward"] == r["backward"] == {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}
+    # an all-reduce is a reduce-scatter then an all-gather: the same tensors, split in two collectives
+    assert sp["forward_bytes"] == {"all_gather_into_tensor": tp["forward_bytes"]["all_reduce"],
+                                   "reduce_scatter_tensor": tp["forward_bytes"]["all_reduce"]}
+    assert sp["saved_bytes"] < tp["saved_bytes"]  # the norms' activations are split too
+
+
+def test_loss_parallel_runs_on_gloo_and_equals_one_process(two_ranks: list[list[Any]]) -> None:
+    for r in two_ranks[2]:
+        assert r["loss_equal"] and r["grads_equal"], r
+        assert r["local_head_weight"] == (256 // 2, 64)  # half the vocabulary on each rank
+        assert set(r["forward"]) == {"all_reduce"}  # the blocks' and the softmax's sums over the vocabulary
+
+
+def test_pipeline_schedules_equal_one_process_and_1f1b_keeps_fewer_activations(
+        two_ranks: list[list[Any]]) -> None:
+    gpipe, one_f_one_b, interleaved = two_ranks[3:6]
+    for r in gpipe + one_f_one_b + interleaved:
+        assert r["grads_equal"], r
+    for schedule in (gpipe, one_f_one_b, interleaved):
+        assert schedule[-1]["loss_equal"]
+    assert gpipe[0]["order"] == " ".join([f"F{i}" for i in range(8)] + [f"B{i}" for i in range(8)])
+    assert one_f_one_b[0]["order"].startswith("F0 F1 B0 F2 B1")  # two in flight on the first of two stages
+    assert interleaved[0]["stages"] == [0, 2] and "F0@2" in interleaved[0]["order"]
+    # GPipe keeps all 8 microbatches' activations on stage 0, 1F1B two of them
+    assert gpipe[0]["saved_peak_bytes"] / one_f_one_b[0]["saved_peak_bytes"] == pytest.approx(4, rel=0.05)
+
+
+def test_fixed_time_stages_show_the_gpipe_bubble(two_ranks: list[list[Any]]) -> None:
+    for results, m in ((two_ranks[6], 4), (two_ranks[7], 8)):
+        ideal = 1 / (m + 1)  # (p − 1)/(m + p − 1), p = 2
+        for measured in M.bubble_fractions([r["timings"]["timeline_ms"] for r in results]):
+            # sending and the schedule's own work only add idle time: a few ms per microbatch here
+            assert ideal - 0.02 < measured < ideal + 0.1, (m, measured)
+
+
+def test_four_ranks_meshes_and_fsdp2_times_tp_training_equals_one_process() -> None:
+    calls = [(M.mesh_demo, {}), (M.mesh_demo, {"shape": (2, 1, 2), "names": ("pp", "dp", "tp")}),
+             (M.fsdp_tp_demo, {})]
+    ranks = launch(M.run_demos, 4, calls, timeout=240, quiet=True)
+    assert [r[0]["coordinate"] for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert ranks[1][0]["groups"] == {"dp": [1, 3], "tp": [0, 1]}  # tp: neighbours; dp: across
+    assert ranks[3][1]["groups"] == {"pp": [1, 3], "dp": [3], "tp": [2, 3]}
+    for r in ranks:
+        fsdp_tp = r[2]
+        assert fsdp_tp["losses_equal"] and fsdp_tp["weights_equal"], fsdp_tp
+        assert fsdp_tp["placements"]["blocks.0.proj.weight"] == "(Shard(dim=0), Shard(dim=1))"
+        assert fsdp_tp["params"] < fsdp_tp["params_one_process"] / 3
