@@ -55,6 +55,10 @@ CURRICULUM: tuple[Lesson, ...] = (
     Lesson("09_when_it_breaks", "When it breaks: a clinic",
            "memory that grows; device-side asserts; CUDA in forked workers; NaN and inf; nondeterminism; an "
            "idle GPU; hung ranks; a wrong install: each failure reproduced, diagnosed and fixed"),
+    Lesson("11_model_parallel", "Model parallelism: tensor, sequence and pipeline",
+           "a DeviceMesh and its groups; tensor parallelism of a GPT block with DTensor (Shard, Replicate, "
+           "Partial) and its all-reduces counted; sequence parallelism and loss parallel; pipeline schedules "
+           "(GPipe, 1F1B, interleaved), their bubble and the activations they keep"),
 )
 
 APPENDIX = re.compile(r"^9\d_appendix_[a-z0-9_]+$")
