@@ -252,9 +252,8 @@ print(f"saved for backward per rank: TP {tp[0]['saved_bytes']}, TP + SP {sp[0]['
 md("""
 Each all-gather's output and each reduce-scatter's input is the whole `b · t · d` activation, the size of the
 all-reduce it replaces; a ring moves `(n − 1)/n` of it per rank for each, `2 (n − 1)/n` for the all-reduce: the
-same traffic. The activations saved per rank fall, but in this block by less than Korthikanti's formula
-would suggest; section 3 of the final notebook will measure which tensors stay whole and compare with the
-paper's count.
+same traffic. The activations saved per rank fall, but only a little here; which tensors still stay whole
+on every rank, compared with Korthikanti et al.'s count, is still to come in this section.
 
 **Loss parallel.** The head's weight is `V × d`; its logits `b · t · V`, for a large vocabulary the largest
 activation of all. Made column-wise, the head gives each rank the logits of its share of the vocabulary;
