@@ -13,6 +13,7 @@ import torch
 from course_utils.distributed import model_parallel_demos as M
 from course_utils.distributed.launch import launch
 from course_utils.memory.accounting import saved_tensor_bytes
+from course_utils.memory.layout_plan import Layout, params_per_gpu
 from course_utils.models import GPT, Block, GPTConfig, token_batch
 
 CFG = GPTConfig(vocab=64, seq_len=8, d_model=32, n_heads=4, n_layers=2, batch=3)
@@ -88,6 +89,9 @@ def test_tensor_parallel_block_equals_the_block_with_megatrons_two_all_reduces(t
         assert r["forward_bytes"] == {"all_reduce": 2 * r["activation_bytes"]}  # each of b·t·d
         assert r["local_qkv_weight"] == (3 * 64 // 2, 64)  # two heads of four
         assert r["params"] < r["params_one_process"] and r["saved_bytes"] < r["saved_bytes_one_process"]
+        # one block, as the layout plan splits it: the two blocks' difference of a one-block and a two-block GPT
+        one, two = (params_per_gpu(GPTConfig(n_layers=n, d_model=64), Layout(tp=2)) for n in (1, 2))
+        assert r["params"] == two - one
 
 
 def test_sequence_parallelism_gathers_and_scatters_the_same_bytes(two_ranks: list[list[Any]]) -> None:
@@ -105,6 +109,8 @@ def test_loss_parallel_runs_on_gloo_and_equals_one_process(two_ranks: list[list[
     for r in two_ranks[2]:
         assert r["loss_equal"] and r["grads_equal"], r
         assert r["local_head_weight"] == (256 // 2, 64)  # half the vocabulary on each rank
+        # what each rank holds is what the layout plan says a tp = 2 GPU holds
+        assert r["params"] == params_per_gpu(GPTConfig(n_layers=2), Layout(tp=2))
         assert set(r["forward"]) == {"all_reduce"}  # the blocks' and the softmax's sums over the vocabulary
 
 

@@ -319,7 +319,7 @@ def loss_parallel_demo(rank: int, world_size: int) -> dict[str, Any]:
     grad_diff = _max_diff(gpt, reference, cfg.n_heads)
     return {"rank": rank, "loss_equal": loss_diff < TOLERANCE, "grads_equal": grad_diff < TOLERANCE,
             "max_diff": max(loss_diff, grad_diff), "forward": _counts(fwd), "backward": _counts(bwd),
-            "local_head_weight": tuple(_local(gpt.head.weight).shape)}
+            "local_head_weight": tuple(_local(gpt.head.weight).shape), "params": _params(gpt)}
 
 
 # --- pipeline parallelism -------------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""Notebook 11: choosing a layout — how many GPUs for data (dp), tensor (tp) and pipeline (pp) parallelism —
+for training the course's GPT: the model's state each GPU holds, and the bytes each kind of parallelism makes a
+GPU send per step. The training plan of notebook 08 (`course_utils.memory.planner`) counts one GPU's whole step;
+this module adds the two model-parallel degrees to its count of the model's state (weights, gradients, AdamW's
+moments: 4 + 4 + 8 bytes per float32 parameter, as notebook 08's float32 and autocast plans keep them).
+
+Where the parameters go (`params_per_gpu`), following `course_utils.distributed.model_parallel_demos`'
+``block_plan`` and ``tensor_parallel_gpt``:
+- **tp** splits each block's four linear weights and the biases of the column-wise ones (qkv, the MLP's fc); the
+  row-wise layers' biases (proj, the MLP's out) and the two norms are replicated; the head, column-wise over the
+  vocabulary for loss parallel, is split too (``vocab_parallel_head``); the embeddings are replicated;
+- **pp** gives each stage ``ceil(n_layers / pp)`` blocks; the first stage holds the embeddings too, the last the
+  final norm and the head: the most loaded stage decides;
+- **dp** with a ZeRO stage (`Layout.zero`): 1 splits AdamW's moments over the dp ranks, 2 the gradients too,
+  3 the parameters too (FSDP2's ``fully_shard``, notebook 08).
+
+What a GPU sends per step (`bytes_sent_per_gpu`), for ring collectives, whose every rank sends ``(n − 1)/n`` of
+the tensor for an all-gather or a reduce-scatter and twice that for an all-reduce:
+- **dp**: the gradients' all-reduce (ZeRO 0, 1), or a reduce-scatter of the gradients and an all-gather of the
+  updated parameters (ZeRO 2: the same bytes), or an all-gather in forward and another in backward
+  (ZeRO 3: 1.5 times as many, as the ZeRO paper counts);
+- **tp**: two all-reduces of the block's activations ``tokens × d_model`` in forward and two in backward per block
+  (Megatron-LM; notebook 11 counts them with ``CommDebugMode``); with sequence parallelism each all-reduce is an
+  all-gather and a reduce-scatter, the same bytes. The head's loss-parallel sums are left out (a few numbers
+  per token);
+- **pp**: a stage sends its output activations forward and the gradient of its input backward, ``tokens ×
+  d_model`` each; a middle stage does both.
+
+Activations are not in this module yet: which tensors tensor and sequence parallelism split is measured per
+rank in notebook 11, section 3.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..models import GPTConfig
+from .planner import _block_params
+
+__all__ = ["Layout", "bytes_sent_per_gpu", "params_per_gpu", "state_bytes_per_gpu"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``dp × tp × pp`` GPUs; ``zero``: the ZeRO stage over the dp ranks (0 to 3); ``sequence_parallel``: the
+    norms' regions split along the sequence over the tp ranks."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        if min(self.dp, self.tp, self.pp) < 1:
+            raise ValueError(f"Layout: dp, tp and pp must be at least 1, got {self}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"Layout: zero must be 0, 1, 2 or 3 (the ZeRO stage), got {self.zero}")
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+def _check(cfg: GPTConfig, layout: Layout, vocab_parallel_head: bool) -> None:
+    tp = layout.tp
+    if cfg.n_heads % tp:
+        raise ValueError(f"tp ({tp}) must divide the heads ({cfg.n_heads}): each rank computes whole heads")
+    if vocab_parallel_head and cfg.vocab % tp:
+        raise ValueError(f"tp ({tp}) must divide the vocabulary ({cfg.vocab}) to split the head over it "
+                         "(or pass vocab_parallel_head=False)")
+    if layout.pp > cfg.n_layers:
+        raise ValueError(f"pp ({layout.pp}) is more stages than blocks ({cfg.n_layers})")
+
+
+def params_per_gpu(cfg: GPTConfig, layout: Layout, vocab_parallel_head: bool = True) -> int:
+    """Parameters the most loaded GPU holds before ZeRO shards anything (see the module's docstring)."""
+    _check(cfg, layout, vocab_parallel_head)
+    d, v, tp = cfg.d_model, cfg.vocab, layout.tp
+    split = 12 * d * d + 3 * d + 4 * d  # the four weights, qkv's and fc's biases
+    per_block = split // tp + (_block_params(d) - split)  # + proj's and out's biases, the two norms
+    blocks = math.ceil(cfg.n_layers / layout.pp) * per_block
+    embeddings = (v + cfg.seq_len) * d
+    head = (d * v + v) // tp if vocab_parallel_head else d * v + v
+    last = 2 * d + head  # final norm and head
+    if layout.pp == 1:
+        return blocks + embeddings + last
+    return blocks + max(embeddings, last)
+
+
+def state_bytes_per_gpu(cfg: GPTConfig, layout: Layout, vocab_parallel_head: bool = True) -> dict[str, float]:
+    """Bytes of the model's state on the most loaded GPU: float32 ``parameters``, ``gradients`` and AdamW's two
+    ``optimizer`` moments, each divided by dp where the ZeRO stage shards it."""
+    n = params_per_gpu(cfg, layout, vocab_parallel_head)
+    dp, zero = layout.dp, layout.zero
+    return {"parameters": 4 * n / (dp if zero >= 3 else 1), "gradients": 4 * n / (dp if zero >= 2 else 1),
+            "optimizer": 8 * n / (dp if zero >= 1 else 1)}
+
+
+def bytes_sent_per_gpu(cfg: GPTConfig, layout: Layout, tokens: int, activation_bytes: int = 2,
+                       gradient_bytes: int = 4, vocab_parallel_head: bool = True) -> dict[str, float]:
+    """Bytes the most loaded GPU sends in one training step for each kind of parallelism (``"dp"``, ``"tp"``,
+    ``"pp"``), ring collectives, when its dp rank processes ``tokens`` tokens per step (all its microbatches
+    together); activations of ``activation_bytes`` per number (bf16: 2), gradients and parameters exchanged in
+    ``gradient_bytes`` (float32: 4). See the module's docstring for what each counts."""
+    if tokens < 1:
+        raise ValueError(f"bytes_sent_per_gpu: tokens must be at least 1, got {tokens}")
+    n = params_per_gpu(cfg, layout, vocab_parallel_head)
+    dp, tp, pp = layout.dp, layout.tp, layout.pp
+    ring = (dp - 1) / dp
+    dp_bytes = {0: 2, 1: 2, 2: 2, 3: 3}[layout.zero] * ring * gradient_bytes * n
+    x = tokens * cfg.d_model * activation_bytes  # one block's input or output
+    blocks = math.ceil(cfg.n_layers / pp)
+    tp_bytes = blocks * 4 * 2 * (tp - 1) / tp * x  # four all-reduces per block (or their halves, with SP)
+    pp_bytes = 0.0 if pp == 1 else (2 * x if pp > 2 else x)
+    return {"dp": dp_bytes, "tp": tp_bytes, "pp": pp_bytes}
