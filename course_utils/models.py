@@ -1,7 +1,8 @@
 """The networks several places share: notebook 05 (DistributedDataParallel: its torchrun job and its
 workers, through `course_utils.distributed.ddp_train` and `course_utils.distributed.ddp_demos`), notebook 06
 (loading across devices) and the tool that saved its GPU checkpoints (tools/make_gpu_checkpoints.py),
-notebooks 07 (the performance toolbox) and 08 (when the model does not fit), and the tests. One definition,
+notebooks 07 (the performance toolbox), 08 (when the model does not fit) and 11 (model parallelism), and the
+tests. One definition,
 so that a checkpoint saved from one always fits the other, and a seeded network is the same everywhere.
 
 - `small_mlp`: notebook 05's network, 16 features → 32 → 1 with a ReLU (and, for the torchrun job, dropout).

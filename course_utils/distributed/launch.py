@@ -1,5 +1,5 @@
-"""Start processes from a notebook, joined into a process group: notebooks 05 (DistributedDataParallel)
-and 09 (a job that hangs).
+"""Start processes from a notebook, joined into a process group: notebooks 05 (DistributedDataParallel),
+09 (a job that hangs) and 11 (model parallelism on gloo processes).
 
 Processes started with the *spawn* (or *forkserver*) method do not inherit the notebook's memory: they
 unpickle the function they should run by its module and name, so that function must be importable.

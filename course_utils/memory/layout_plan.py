@@ -36,7 +36,6 @@ import math
 from dataclasses import dataclass
 
 from ..models import GPTConfig
-from .planner import _block_params
 
 __all__ = ["Layout", "bytes_sent_per_gpu", "params_per_gpu", "state_bytes_per_gpu"]
 
@@ -79,7 +78,7 @@ def params_per_gpu(cfg: GPTConfig, layout: Layout, vocab_parallel_head: bool = T
     _check(cfg, layout, vocab_parallel_head)
     d, v, tp = cfg.d_model, cfg.vocab, layout.tp
     split = 12 * d * d + 3 * d + 4 * d  # the four weights, qkv's and fc's biases
-    per_block = split // tp + (_block_params(d) - split)  # + proj's and out's biases, the two norms
+    per_block = split // tp + 2 * d + 4 * d  # + proj's and out's biases, the two norms' weights and biases
     blocks = math.ceil(cfg.n_layers / layout.pp) * per_block
     embeddings = (v + cfg.seq_len) * d
     head = (d * v + v) // tp if vocab_parallel_head else d * v + v
