@@ -103,6 +103,17 @@ def test_sequence_parallelism_gathers_and_scatters_the_same_bytes(two_ranks: lis
     assert sp["forward_bytes"] == {"all_gather_into_tensor": tp["forward_bytes"]["all_reduce"],
                                    "reduce_scatter_tensor": tp["forward_bytes"]["all_reduce"]}
     assert sp["saved_bytes"] < tp["saved_bytes"]  # the norms' activations are split too
+    # What each rank saves, tensor by tensor (float32; u = one b·t·d tensor; the demo's block has 4 heads):
+    # tensor parallelism halves q, k, v, the attention's log-sum-exp and output, the GELU's input and output,
+    # and keeps whole the norms' inputs and statistics and the two linear layers' inputs (the norms' outputs).
+    # Sequence parallelism halves the norms' inputs and statistics too; PyTorch's ColwiseParallel saves the
+    # all-gathered input of qkv and fc, so those two stay whole (Megatron-LM keeps its shard and gathers
+    # again in backward, which is why Korthikanti et al. divide them by t as well).
+    u = tp["activation_bytes"]
+    tokens = u // (4 * M.BLOCK_CFG.d_model)
+    stats, lse = 2 * 4 * tokens, 4 * M.BLOCK_CFG.n_heads * tokens
+    assert tp["saved_bytes"] == 4 * u + 2 * stats + (12 * u + lse) // 2
+    assert sp["saved_bytes"] == 2 * u + (2 * u + 2 * stats + 12 * u + lse) // 2
 
 
 def test_loss_parallel_runs_on_gloo_and_equals_one_process(two_ranks: list[list[Any]]) -> None:

@@ -270,8 +270,10 @@ def tp_block_demo(rank: int, world_size: int, sequence_parallel: bool = False) -
     block = TPBlock.from_block(reference)
     parallelize_module(block, mesh, block_plan(sequence_parallel))  # in place: the same module, sharded
     x_tp = x.clone().requires_grad_()
-    # with sequence parallelism each rank starts with its share of the sequence
-    inp = DTensor.from_local(x_tp.chunk(world_size, dim=1)[rank], mesh, [Shard(1)]) if sequence_parallel else x_tp
+    # with sequence parallelism each rank starts with its share of the sequence: a tensor of its own (as the
+    # previous block's output would be), not a view that keeps the whole input's storage alive
+    share = x_tp.chunk(world_size, dim=1)[rank].clone()
+    inp = DTensor.from_local(share, mesh, [Shard(1)]) if sequence_parallel else x_tp
     saved = SavedActivations(block)
     with CommDebugMode() as fwd, CollectiveBytes() as fwd_bytes:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
