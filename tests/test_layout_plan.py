@@ -67,3 +67,20 @@ def test_bad_layouts_are_named() -> None:
         params_per_gpu(SEVEN_B, Layout(pp=64))
     with pytest.raises(ValueError, match="tokens"):
         bytes_sent_per_gpu(SEVEN_B, Layout(), 0)
+
+
+def test_activations_follow_the_block_list_the_split_and_the_schedule() -> None:
+    from course_utils.memory.layout_plan import activation_bytes_per_gpu
+    from course_utils.memory.planner import saved_by_a_block
+
+    cfg = GPTConfig(vocab=256, seq_len=65, d_model=64, n_heads=4, n_layers=8)
+    one = activation_bytes_per_gpu(cfg, Layout(), microbatch=2)
+    per_token = sum(n for _, n in saved_by_a_block(64, 4, 64, 2, 4, "fused"))
+    assert one == 8 * 2 * 64 * per_token  # one GPU: notebook 08's count, every block
+    tp, sp = (activation_bytes_per_gpu(cfg, Layout(tp=2, sequence_parallel=s), microbatch=2) for s in (False, True))
+    assert one / 2 < sp < tp < one  # some tensors stay whole on every rank
+    gpipe = activation_bytes_per_gpu(cfg, Layout(pp=4), microbatch=2, microbatches=16, schedule="GPipe")
+    one_f_one_b = activation_bytes_per_gpu(cfg, Layout(pp=4), microbatch=2, microbatches=16)
+    assert gpipe == 4 * one_f_one_b == 16 * one / 4  # 16 microbatches in flight against 4; 2 of 8 blocks
+    with pytest.raises(ValueError, match="schedule"):
+        activation_bytes_per_gpu(cfg, Layout(), 1, schedule="zigzag")

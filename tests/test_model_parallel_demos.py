@@ -13,7 +13,7 @@ import torch
 from course_utils.distributed import model_parallel_demos as M
 from course_utils.distributed.launch import launch
 from course_utils.memory.accounting import saved_tensor_bytes
-from course_utils.memory.layout_plan import Layout, params_per_gpu
+from course_utils.memory.layout_plan import Layout, activation_bytes_per_gpu, params_per_gpu
 from course_utils.models import GPT, Block, GPTConfig, token_batch
 
 CFG = GPTConfig(vocab=64, seq_len=8, d_model=32, n_heads=4, n_layers=2, batch=3)
@@ -114,6 +114,11 @@ def test_sequence_parallelism_gathers_and_scatters_the_same_bytes(two_ranks: lis
     stats, lse = 2 * 4 * tokens, 4 * M.BLOCK_CFG.n_heads * tokens
     assert tp["saved_bytes"] == 4 * u + 2 * stats + (12 * u + lse) // 2
     assert sp["saved_bytes"] == 2 * u + (2 * u + 2 * stats + 12 * u + lse) // 2
+    # and the layout plan, which divides notebook 08's list of a block's saved tensors the same way
+    one_block = GPTConfig(vocab=M.BLOCK_CFG.vocab, seq_len=M.BLOCK_CFG.seq_len + 1, d_model=64, n_heads=4, n_layers=1)
+    for r, sequence_parallel in ((tp, False), (sp, True)):
+        assert r["saved_bytes"] == activation_bytes_per_gpu(
+            one_block, Layout(tp=2, sequence_parallel=sequence_parallel), microbatch=M.BLOCK_CFG.batch, act=4, res=4)
 
 
 def test_loss_parallel_runs_on_gloo_and_equals_one_process(two_ranks: list[list[Any]]) -> None:

@@ -19,11 +19,11 @@ from course_utils.memory.accounting import CpuAllocations, saved_tensor_bytes
 from course_utils.memory.planner import (
     MEASURED_PHASES,
     MemoryPlan,
-    _saved_by_a_block,
     cublas_workspace_bytes,
     measure_peak,
     parameter_count,
     plan_memory,
+    saved_by_a_block,
 )
 from course_utils.models import GPT, Block, GPTConfig, token_batch
 
@@ -100,7 +100,7 @@ def test_a_block_s_saved_tensors_are_named_and_sum_as_before(cfg: GPTConfig, att
     activations per block."""
     t = cfg.seq_len - 1
     for act, res in [(4, 4), (2, 4), (2, 2)]:  # fp32, autocast, FSDP2's bf16 policy
-        saves = _saved_by_a_block(cfg.d_model, cfg.n_heads, t, act, res, attention)
+        saves = saved_by_a_block(cfg.d_model, cfg.n_heads, t, act, res, attention)
         names = [name for name, _ in saves]
         assert len(set(names)) == len(names)
         assert set(names) == {*BLOCK_SAVES, "attention log-sum-exp" if attention == "fused"
@@ -129,7 +129,7 @@ def test_the_named_tensors_are_what_one_block_saves(backend: SDPBackend) -> None
     with sdpa_kernel(backend):
         _, saved = saved_tensor_bytes(lambda: block(x), exclude=block)
     attention = "fused" if backend == SDPBackend.FLASH_ATTENTION else "math"
-    named = _saved_by_a_block(cfg.d_model, cfg.n_heads, t, 4, 4, attention)
+    named = saved_by_a_block(cfg.d_model, cfg.n_heads, t, 4, 4, attention)
     assert saved == cfg.batch * t * sum(nbytes for _, nbytes in named)
 
 

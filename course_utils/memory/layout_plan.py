@@ -26,8 +26,17 @@ the tensor for an all-gather or a reduce-scatter and twice that for an all-reduc
 - **pp**: a stage sends its output activations forward and the gradient of its input backward, ``tokens ×
   d_model`` each; a middle stage does both.
 
-Activations are not in this module yet: which tensors tensor and sequence parallelism split is measured per
-rank in notebook 11, section 3.
+The activations a GPU saves for backward (`activation_bytes_per_gpu`) start from notebook 08's list of what one
+block saves (`course_utils.memory.planner.saved_by_a_block`) and divide by tp what each rank holds a share of,
+as measured tensor by tensor on gloo ranks (tests/test_model_parallel_demos.py):
+- tensor parallelism splits q, k, v, the attention's log-sum-exp (or probabilities) and output, and the GELU's
+  input and output; the norms' inputs and statistics and the inputs of qkv and fc (the norms' outputs) stay
+  whole on every rank;
+- sequence parallelism splits the norms' inputs and statistics too, but PyTorch's ``ColwiseParallel`` saves the
+  all-gathered inputs of qkv and fc for its backward: those two stay whole. (Megatron-LM keeps its shard and
+  gathers again in backward, which is why Korthikanti et al., 2022, divide every term by t.)
+A pipeline stage holds its blocks' activations for every microbatch in flight: all ``m`` with GPipe, at most
+``pp`` on the first stage with 1F1B. The embeddings' and the head's activations are left out.
 """
 
 from __future__ import annotations
@@ -36,8 +45,9 @@ import math
 from dataclasses import dataclass
 
 from ..models import GPTConfig
+from .planner import saved_by_a_block
 
-__all__ = ["Layout", "bytes_sent_per_gpu", "params_per_gpu", "state_bytes_per_gpu"]
+__all__ = ["Layout", "activation_bytes_per_gpu", "bytes_sent_per_gpu", "params_per_gpu", "state_bytes_per_gpu"]
 
 
 @dataclass(frozen=True)
@@ -114,3 +124,30 @@ def bytes_sent_per_gpu(cfg: GPTConfig, layout: Layout, tokens: int, activation_b
     tp_bytes = blocks * 4 * 2 * (tp - 1) / tp * x  # four all-reduces per block (or their halves, with SP)
     pp_bytes = 0.0 if pp == 1 else (2 * x if pp > 2 else x)
     return {"dp": dp_bytes, "tp": tp_bytes, "pp": pp_bytes}
+
+
+_SPLIT_BY_TP = ("q, k, v", "attention log-sum-exp", "attention probabilities", "attention output (projection's input)",
+                "GELU's input (first MLP layer's output)", "GELU's output (second MLP layer's input)")
+_SPLIT_BY_SP = ("first norm's input (the block's input)", "first norm's mean and rstd",
+                "second norm's input (the residual)", "second norm's mean and rstd")
+
+
+def activation_bytes_per_gpu(cfg: GPTConfig, layout: Layout, microbatch: int, microbatches: int = 1,
+                             schedule: str = "1F1B", act: int = 2, res: int = 4, attention: str = "fused") -> float:
+    """Bytes of activations the most loaded GPU saves for backward at its peak: its stage's blocks, each over
+    ``microbatch`` sequences of ``cfg.seq_len - 1`` tokens, for every microbatch in flight (``schedule``:
+    ``"GPipe"`` keeps all ``microbatches``, ``"1F1B"`` at most ``pp``); ``act`` and ``res`` bytes per number
+    of what the products make and of the residual stream, ``attention`` as `plan_memory` takes it. Each tensor
+    of `saved_by_a_block` is divided by tp where the module's docstring says a rank holds a share of it."""
+    if schedule not in ("GPipe", "1F1B"):
+        raise ValueError(f"schedule must be 'GPipe' or '1F1B', got {schedule!r}")
+    if microbatch < 1 or microbatches < 1:
+        raise ValueError(f"microbatch and microbatches must be at least 1, got {microbatch} and {microbatches}")
+    _check(cfg, layout, vocab_parallel_head=False)
+    t, tp = cfg.seq_len - 1, layout.tp
+    per_token = 0.0
+    for name, nbytes in saved_by_a_block(cfg.d_model, cfg.n_heads, t, act, res, attention):
+        split = name in _SPLIT_BY_TP or (layout.sequence_parallel and name in _SPLIT_BY_SP)
+        per_token += nbytes / tp if split else nbytes
+    in_flight = microbatches if schedule == "GPipe" else min(microbatches, layout.pp)
+    return math.ceil(cfg.n_layers / layout.pp) * microbatch * t * per_token * in_flight

@@ -49,7 +49,7 @@ from ..models import GPT, GPTConfig, token_batch
 
 __all__ = ["ATTENTION", "CONTEXT_BYTES", "MARGIN", "MEASURED_PHASES", "MIXED_PRECISION", "PRECISIONS", "WORKSPACE_BYTES",
            "MemoryPlan", "Term", "cublas_workspace_bytes", "measure_peak", "measure_rank", "parameter_count",
-           "plan_memory"]
+           "plan_memory", "saved_by_a_block"]
 
 PRECISIONS = ("fp32", "bf16")
 MIXED_PRECISION = ("autocast", "policy")
@@ -92,7 +92,7 @@ def _block_params(d: int) -> int:
     return (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 2 * 2 * d
 
 
-def _saved_by_a_block(d: int, h: int, t: int, act: int, res: int,
+def saved_by_a_block(d: int, h: int, t: int, act: int, res: int,
                       attention: str) -> tuple[tuple[str, int], ...]:
     """The tensors one `course_utils.models.Block` saves for its backward, in the order its forward makes them:
     ``(name, bytes per token)``, for ``d`` features, ``h`` heads, sequences of ``t`` tokens, ``act`` bytes per
@@ -222,7 +222,7 @@ def plan_memory(cfg: GPTConfig, precision: str = "fp32", checkpointing: bool = F
     buffer = p * n_block if fsdp and W > 1 else 0
 
     # --- activations: what autograd saves for backward --------------------------------------------------
-    per_block = b * t * sum(nbytes for _name, nbytes in _saved_by_a_block(d, h, t, act, res, attention))
+    per_block = b * t * sum(nbytes for _name, nbytes in saved_by_a_block(d, h, t, act, res, attention))
     kept = res * btd if checkpointing else per_block  # per block, until its backward
     acts = Term("activations", L * kept, ("each block's input (checkpointed)" if checkpointing else
                                           f"{L} blocks × {per_block / 2**20:,.0f} MiB saved for backward"))
