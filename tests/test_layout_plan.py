@@ -84,3 +84,24 @@ def test_activations_follow_the_block_list_the_split_and_the_schedule() -> None:
     assert gpipe == 4 * one_f_one_b == 16 * one / 4  # 16 microbatches in flight against 4; 2 of 8 blocks
     with pytest.raises(ValueError, match="schedule"):
         activation_bytes_per_gpu(cfg, Layout(), 1, schedule="zigzag")
+
+
+def test_block_activations_tensor_by_tensor() -> None:
+    """Tensor parallelism leaves the norms' inputs and statistics and the inputs of qkv and fc whole (Korthikanti
+    et al.'s 10 sbh of 34, less the dropout masks this block does not have); Megatron-LM's sequence parallelism
+    divides every tensor by tp, PyTorch's keeps the gathered inputs of qkv and fc whole."""
+    from course_utils.memory.layout_plan import activation_bytes_per_gpu, block_activations
+
+    cfg = GPTConfig(d_model=64, n_heads=4, seq_len=17)
+    rows = block_activations(cfg, Layout(tp=4), act=4, res=4)
+    whole = {name for name, one, rank in rows if rank == one}
+    assert whole == {"first norm's input (the block's input)", "first norm's mean and rstd",
+                     "qkv layer's input (first norm's output)", "second norm's input (the residual)",
+                     "second norm's mean and rstd", "MLP's input (second norm's output)"}
+    megatron = block_activations(cfg, Layout(tp=4, sequence_parallel=True), keep_gathered_inputs=False)
+    assert all(rank == one / 4 for _, one, rank in megatron)
+    pytorch = block_activations(cfg, Layout(tp=4, sequence_parallel=True))
+    assert {name for name, one, rank in pytorch if rank == one} == {"qkv layer's input (first norm's output)",
+                                                                    "MLP's input (second norm's output)"}
+    one_block = GPTConfig(d_model=64, n_heads=4, seq_len=17, n_layers=1)
+    assert sum(r for *_, r in rows) * 16 == activation_bytes_per_gpu(one_block, Layout(tp=4), microbatch=1, act=4)

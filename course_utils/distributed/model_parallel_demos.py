@@ -48,8 +48,8 @@ from torch.distributed.tensor.parallel import (
 from ..models import GPT, Block, GPTConfig, token_batch
 
 __all__ = ["BLOCK_CFG", "PIPE_CFG", "TOLERANCE", "CollectiveBytes", "FixedTimeStage", "GPTPart",
-           "SavedActivations", "TPBlock", "block_plan", "bubble_demo", "bubble_fractions", "fsdp_tp_demo",
-           "head_major", "loss_parallel_demo", "mesh_demo", "pipeline_demo", "qkv_major", "run_demos",
+           "SavedActivations", "TPBlock", "block_plan", "bubble_demo", "bubble_fractions", "clip_grad_norm_",
+           "fsdp_tp_demo", "head_major", "pitfalls_demo", "loss_parallel_demo", "mesh_demo", "pipeline_demo", "qkv_major", "run_demos",
            "tensor_parallel_gpt", "tp_block_demo"]
 
 # PyTorch documents __torch_dispatch__ modes with this class ("Extending PyTorch"); it lives in a module whose
@@ -136,13 +136,14 @@ def tensor_parallel_gpt(cfg: GPTConfig, mesh: DeviceMesh, vocab_sharded_head: bo
     return gpt
 
 
-def _full(name: str, t: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """A parameter or gradient as one process has it: gathered, and qkv rows back in `Block`'s order."""
+def _full(name: str, t: torch.Tensor, n_heads: int | None) -> torch.Tensor:
+    """A parameter or gradient as one process has it: gathered, and qkv rows back in `Block`'s order (from
+    `TPBlock`'s, for ``n_heads`` heads; ``None``: as stored)."""
     whole = t.full_tensor() if isinstance(t, DTensor) else t
-    return qkv_major(whole, n_heads) if name.endswith(("qkv.weight", "qkv.bias")) else whole
+    return qkv_major(whole, n_heads) if n_heads and name.endswith(("qkv.weight", "qkv.bias")) else whole
 
 
-def _max_diff(model: nn.Module, reference: nn.Module, n_heads: int, grads: bool = True) -> float:
+def _max_diff(model: nn.Module, reference: nn.Module, n_heads: int | None, grads: bool = True) -> float:
     """The largest difference between the gradients (or the weights) of ``model`` and ``reference``."""
     worst = 0.0
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
@@ -549,52 +550,145 @@ def bubble_fractions(timelines: Sequence[Sequence[tuple[int, str, int, float, fl
 # --- FSDP2 × TP -----------------------------------------------------------------------------------------
 
 
-def fsdp_tp_demo(rank: int, world_size: int, steps: int = 3, lr: float = 0.1) -> dict[str, Any]:
+def clip_grad_norm_(parameters: Sequence[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for a model whose parameters live on different meshes, as FSDP2 ×
+    TP leaves them (the split ones on the ``("dp", "tp")`` mesh, the others on ``"dp"`` alone), where
+    PyTorch's raises "All operands in aten.stack.default must have the same mesh". The norm of each mesh's
+    gradients, made a plain number (``full_tensor``), then one total; then each mesh's gradients scaled.
+    Returns the total norm, as PyTorch's does."""
+    groups: dict[Any, list[nn.Parameter]] = defaultdict(list)
+    for p in parameters:
+        if p.grad is not None:
+            groups[p.device_mesh if isinstance(p, DTensor) else None].append(p)
+    norms = []
+    for params in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.tensor(0.0)
+    for params in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+def _train(model: nn.Module, batches: Sequence[torch.Tensor], lr: float, max_norm: float,
+           clip: Callable[[Sequence[nn.Parameter], float], Any], loss_group: Any = None) -> list[float]:
+    """SGD steps on ``batches``, gradients clipped to ``max_norm`` by ``clip``; each step's loss (averaged over
+    ``loss_group``'s ranks, which trained on the other shares of the batch)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for tokens in batches:
+        loss = model.loss(tokens)  # type: ignore[operator]
+        loss.backward()
+        clip(list(model.parameters()), max_norm)
+        opt.step()
+        opt.zero_grad()
+        total = loss.detach().clone()
+        if loss_group is not None:
+            dist.all_reduce(total, group=loss_group)
+            total /= dist.get_world_size(loss_group)
+        losses.append(total.item())
+    return losses
+
+
+def _first_line(run: Callable[[], Any]) -> str:
+    """The first line of the error ``run`` raises ("" if none)."""
+    try:
+        run()
+    except Exception as exc:  # the pitfall's message is the point
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return ""
+
+
+def fsdp_tp_demo(rank: int, world_size: int, checkpoint: str, steps: int = 3, lr: float = 0.1,
+                 max_norm: float = 0.1) -> dict[str, Any]:
     """The torchtitan recipe on a ``("dp", "tp")`` mesh of 2 × (``world_size`` / 2): tensor-parallel blocks
-    (`tensor_parallel_gpt`) within each "tp" group, then FSDP2's ``fully_shard`` of each block and of the
-    model across "dp"; each "dp" group trains on its share of the batch. ``steps`` SGD steps against one
-    process on the whole batch: the losses and the weights equal within `TOLERANCE`; each weight's
-    placements on the 2-D mesh and this rank's share of the parameters."""
+    (`tensor_parallel_gpt`) within each "tp" group first, then FSDP2's ``fully_shard`` of each block and of
+    the model across "dp"; each "dp" group trains on its share of the batch. ``steps`` SGD steps with the
+    gradients clipped to ``max_norm`` against one process on the whole batch: the losses and the weights
+    equal within `TOLERANCE`; each weight's placements, and this rank's share of the parameters; the error
+    PyTorch's ``clip_grad_norm_`` raises here (`clip_grad_norm_` is the fix).
+
+    Then the DCP checkpoint (notebook 08's ``save_sharded``) of the trained 2-D model, in ``checkpoint``,
+    loaded on other meshes: the same GPT tensor-parallel over all ``world_size`` ranks (equal to the trained
+    weights?); and a plain `GPT`, FSDP2 over all ranks, which loads it without a word and yet differs from the
+    trained model: the checkpoint holds qkv's rows in `TPBlock`'s head-major order."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     from torch.distributed.fsdp import fully_shard
+
+    from ..checkpoints.sharded import load_sharded, save_sharded
 
     cfg = GPTConfig(n_layers=2)
     tokens = token_batch(cfg, torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     reference = GPT(cfg)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=lr)
-    ref_losses = []
-    for _ in range(steps):
-        loss = reference.loss(tokens)
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(loss.item())
+    ref_losses = _train(reference, [tokens] * steps, lr, max_norm, torch.nn.utils.clip_grad_norm_)
 
     mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("dp", "tp"))
     gpt = tensor_parallel_gpt(cfg, mesh["tp"])
     for block in gpt.blocks:
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(gpt, mesh=mesh["dp"])
-    opt = torch.optim.SGD(gpt.parameters(), lr=lr)
-    dp = mesh.get_local_rank("dp")
-    mine = tokens.chunk(2)[dp]  # the same rows for the ranks of one "tp" group
-    losses = []
-    for _ in range(steps):
-        loss = gpt.loss(mine)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        both = loss.detach().clone()
-        dist.all_reduce(both, group=mesh.get_group("dp"))  # the whole batch's loss: the mean of the halves
-        losses.append(both.item() / 2)
+    mine = tokens.chunk(2)[mesh.get_local_rank("dp")]  # the same rows for the ranks of one "tp" group
+    gpt.loss(mine).backward()
+    pitfall = _first_line(lambda: torch.nn.utils.clip_grad_norm_(gpt.parameters(), max_norm))
+    gpt.zero_grad()
+    losses = _train(gpt, [mine] * steps, lr, max_norm, clip_grad_norm_, mesh.get_group("dp"))
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True))
     weight_diff = _max_diff(gpt, reference, cfg.n_heads, grads=False)
+    save_sharded(get_model_state_dict(gpt), checkpoint)
+
+    loaded = {}
+    whole = init_device_mesh("cpu", (world_size,), mesh_dim_names=("all",))
+    other_tp = tensor_parallel_gpt(cfg, whole, seed=1)  # other weights, overwritten by the load
+    torch.manual_seed(1)
+    plain = GPT(cfg)
+    for block in plain.blocks:
+        fully_shard(block, mesh=whole)
+    fully_shard(plain, mesh=whole)
+    for name, model in (("tp", other_tp), ("fsdp plain GPT", plain)):
+        state = get_model_state_dict(model)
+        load_sharded(state, checkpoint)
+        set_model_state_dict(model, state)
+        # a plain GPT's qkv is compared as it is stored: no reordering
+        loaded[name] = _max_diff(model, reference, cfg.n_heads if model is other_tp else None, grads=False)
     return {"rank": rank, "coordinate": tuple(mesh.get_coordinate() or ()),
             "losses_equal": loss_diff < TOLERANCE, "weights_equal": weight_diff < TOLERANCE,
             "max_diff": max(loss_diff, weight_diff), "losses": [round(x, 4) for x in losses],
+            "clip_error": pitfall,
             "placements": {name: str(p.placements) for name, p in gpt.named_parameters()  # type: ignore[attr-defined]
                            if name.startswith("blocks.0.") or not name.startswith("blocks.")},
-            "params": _params(gpt), "params_one_process": _params(reference)}
+            "params": _params(gpt), "params_one_process": _params(reference),
+            "loaded_equal": {name: diff < TOLERANCE for name, diff in loaded.items()},
+            "loaded_max_diff": loaded}
+
+
+# --- the pitfalls ---------------------------------------------------------------------------------------
+
+
+def pitfalls_demo(rank: int, world_size: int) -> dict[str, str]:
+    """The first line of the error each common mistake raises, on ``world_size`` ranks: the cross-entropy of
+    vocabulary-sharded logits outside ``loss_parallel``, or with only its forward inside; FSDP2's
+    ``fully_shard`` applied before ``parallelize_module``."""
+    from torch.distributed.fsdp import fully_shard
+
+    cfg = GPTConfig(n_layers=1)
+    tokens = token_batch(cfg, torch.Generator().manual_seed(0))
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    gpt = tensor_parallel_gpt(cfg, mesh, vocab_sharded_head=True)
+
+    def forward_only_inside() -> None:
+        with loss_parallel():
+            loss = gpt.loss(tokens)
+        loss.backward()
+
+    def fsdp_first() -> None:
+        mlp = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+        fully_shard(mlp, mesh=mesh)
+        parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+    return {"loss outside loss_parallel": _first_line(lambda: gpt.loss(tokens)),
+            "backward outside loss_parallel": _first_line(forward_only_inside),
+            "fully_shard before parallelize_module": _first_line(fsdp_first)}
 
 
 # --- several workers in one launch ----------------------------------------------------------------------

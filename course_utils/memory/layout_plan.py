@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from ..models import GPTConfig
 from .planner import saved_by_a_block
 
-__all__ = ["Layout", "activation_bytes_per_gpu", "bytes_sent_per_gpu", "params_per_gpu", "state_bytes_per_gpu"]
+__all__ = ["Layout", "activation_bytes_per_gpu", "block_activations", "bytes_sent_per_gpu", "params_per_gpu", "state_bytes_per_gpu"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,25 @@ _SPLIT_BY_TP = ("q, k, v", "attention log-sum-exp", "attention probabilities", "
                 "GELU's input (first MLP layer's output)", "GELU's output (second MLP layer's input)")
 _SPLIT_BY_SP = ("first norm's input (the block's input)", "first norm's mean and rstd",
                 "second norm's input (the residual)", "second norm's mean and rstd")
+_GATHERED = ("qkv layer's input (first norm's output)", "MLP's input (second norm's output)")
+
+
+def block_activations(cfg: GPTConfig, layout: Layout, act: int = 2, res: int = 4, attention: str = "fused",
+                      keep_gathered_inputs: bool = True) -> tuple[tuple[str, float, float], ...]:
+    """What one block saves for backward, tensor by tensor: ``(name, bytes per token in one process, bytes per
+    token on one of ``layout.tp`` ranks)``, for sequences of ``cfg.seq_len - 1`` tokens; ``act``, ``res`` and
+    ``attention`` as `activation_bytes_per_gpu` takes them. With sequence parallelism, ``keep_gathered_inputs``
+    is what PyTorch's ``ColwiseParallel`` does (the all-gathered inputs of qkv and fc are saved whole);
+    ``False`` is Megatron-LM's choice, which Korthikanti et al. (2022) count: each rank saves its share of the
+    sequence and gathers it again in backward, so every tensor of the block is divided by tp."""
+    _check(cfg, layout, vocab_parallel_head=False)
+    sp, tp = layout.sequence_parallel, layout.tp
+    rows = []
+    for name, nbytes in saved_by_a_block(cfg.d_model, cfg.n_heads, cfg.seq_len - 1, act, res, attention):
+        split = name in _SPLIT_BY_TP or (sp and (name in _SPLIT_BY_SP or
+                                                  (name in _GATHERED and not keep_gathered_inputs)))
+        rows.append((name, float(nbytes), nbytes / tp if split else float(nbytes)))
+    return tuple(rows)
 
 
 def activation_bytes_per_gpu(cfg: GPTConfig, layout: Layout, microbatch: int, microbatches: int = 1,
@@ -138,16 +157,13 @@ def activation_bytes_per_gpu(cfg: GPTConfig, layout: Layout, microbatch: int, mi
     ``microbatch`` sequences of ``cfg.seq_len - 1`` tokens, for every microbatch in flight (``schedule``:
     ``"GPipe"`` keeps all ``microbatches``, ``"1F1B"`` at most ``pp``); ``act`` and ``res`` bytes per number
     of what the products make and of the residual stream, ``attention`` as `plan_memory` takes it. Each tensor
-    of `saved_by_a_block` is divided by tp where the module's docstring says a rank holds a share of it."""
+    of `saved_by_a_block` is divided by tp where the module's docstring says a rank holds a share of it
+    (`block_activations`)."""
     if schedule not in ("GPipe", "1F1B"):
         raise ValueError(f"schedule must be 'GPipe' or '1F1B', got {schedule!r}")
     if microbatch < 1 or microbatches < 1:
         raise ValueError(f"microbatch and microbatches must be at least 1, got {microbatch} and {microbatches}")
-    _check(cfg, layout, vocab_parallel_head=False)
-    t, tp = cfg.seq_len - 1, layout.tp
-    per_token = 0.0
-    for name, nbytes in saved_by_a_block(cfg.d_model, cfg.n_heads, t, act, res, attention):
-        split = name in _SPLIT_BY_TP or (layout.sequence_parallel and name in _SPLIT_BY_SP)
-        per_token += nbytes / tp if split else nbytes
+    per_token = sum(per_rank for _, _, per_rank in block_activations(cfg, layout, act, res, attention))
+    t = cfg.seq_len - 1
     in_flight = microbatches if schedule == "GPipe" else min(microbatches, layout.pp)
     return math.ceil(cfg.n_layers / layout.pp) * microbatch * t * per_token * in_flight
