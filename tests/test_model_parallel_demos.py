@@ -5,10 +5,12 @@ schedules, the bubble), four in another (the meshes, FSDP2 × TP)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from course_utils.distributed import model_parallel_demos as M
 from course_utils.distributed.launch import launch
@@ -72,7 +74,7 @@ TWO_RANKS: list[tuple[Any, dict[str, Any]]] = [
     (M.pipeline_demo, {"schedule": "1F1B", "n_microbatches": 8}),
     (M.pipeline_demo, {"schedule": "Interleaved1F1B", "n_microbatches": 4}),
     (M.bubble_demo, {"schedule": "GPipe", "n_microbatches": 4}),
-    (M.bubble_demo, {"schedule": "1F1B", "n_microbatches": 8})]
+    (M.bubble_demo, {"schedule": "1F1B", "n_microbatches": 8}), (M.pitfalls_demo, {})]
 
 
 @pytest.fixture(scope="module")
@@ -152,9 +154,16 @@ def test_fixed_time_stages_show_the_gpipe_bubble(two_ranks: list[list[Any]]) -> 
             assert ideal - 0.02 < measured < ideal + 0.1, (m, measured)
 
 
-def test_four_ranks_meshes_and_fsdp2_times_tp_training_equals_one_process() -> None:
+def test_pitfalls_raise_the_messages_the_notebook_explains(two_ranks: list[list[Any]]) -> None:
+    for rank in two_ranks[-1]:
+        assert "nll_loss_forward.default got mixed torch.Tensor and DTensor" in rank["loss outside loss_parallel"]
+        assert "nll_loss_backward.default got mixed" in rank["backward outside loss_parallel"]
+        assert "Cannot distribute a DTensor" in rank["fully_shard before parallelize_module"]
+
+
+def test_four_ranks_meshes_and_fsdp2_times_tp_training_equals_one_process(tmp_path: Path) -> None:
     calls = [(M.mesh_demo, {}), (M.mesh_demo, {"shape": (2, 1, 2), "names": ("pp", "dp", "tp")}),
-             (M.fsdp_tp_demo, {})]
+             (M.fsdp_tp_demo, {"checkpoint": str(tmp_path / "dcp")})]
     ranks = launch(M.run_demos, 4, calls, timeout=240, quiet=True)
     assert [r[0]["coordinate"] for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert ranks[1][0]["groups"] == {"dp": [1, 3], "tp": [0, 1]}  # tp: neighbours; dp: across
@@ -164,3 +173,21 @@ def test_four_ranks_meshes_and_fsdp2_times_tp_training_equals_one_process() -> N
         assert fsdp_tp["losses_equal"] and fsdp_tp["weights_equal"], fsdp_tp
         assert fsdp_tp["placements"]["blocks.0.proj.weight"] == "(Shard(dim=0), Shard(dim=1))"
         assert fsdp_tp["params"] < fsdp_tp["params_one_process"] / 3
+        # PyTorch's clip_grad_norm_ refuses two meshes; M.clip_grad_norm_ clipped as one process's did (above)
+        assert "must have the same mesh" in fsdp_tp["clip_error"]
+        # the checkpoint loads on a 4-way tensor-parallel mesh equal, into a plain GPT silently wrong
+        assert fsdp_tp["loaded_equal"] == {"tp": True, "fsdp plain GPT": False}
+    assert (tmp_path / "dcp" / ".metadata").is_file()
+
+
+def test_clip_grad_norm_of_plain_parameters_is_pytorchs() -> None:
+    torch.manual_seed(0)
+    a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(3, 4)
+    a(x).square().sum().backward()
+    b(x).square().sum().backward()
+    ours = M.clip_grad_norm_(list(a.parameters()), 0.1)
+    theirs = torch.nn.utils.clip_grad_norm_(b.parameters(), 0.1)
+    assert torch.allclose(ours, theirs)
+    assert all(torch.allclose(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters(), strict=True))
