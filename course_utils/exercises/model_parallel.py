@@ -56,7 +56,7 @@ from ..memory.layout_plan import Layout, activation_bytes_per_gpu, state_bytes_p
 from ..models import GPT, Block, GPTConfig, token_batch
 from . import Verdict, exercise, fail, ok
 
-__all__ = ["CALL_SECONDS", "COLLECTIVES", "COLLECTIVE_CASES", "MICROBATCH_CASES", "SWIGLU_SHAPE", "SwiGLU",
+__all__ = ["CALL_SECONDS", "COLLECTIVES", "COLLECTIVE_CASES", "MICROBATCH_CASES", "SCHEDULES", "SWIGLU_SHAPE", "SwiGLU",
            "check_collectives", "check_microbatches", "check_swiglu_plan", "collectives_worker",
            "measured_collectives", "sequence_parallel_gpt", "swiglu_plan_worker"]
 
@@ -419,7 +419,7 @@ def sequence_parallel_gpt(cfg: GPTConfig, mesh: DeviceMesh, vocab_sharded_head: 
 
 
 def _measure(mesh: DeviceMesh, n_blocks: int, sequence_parallel: bool, vocab_parallel: bool) -> dict[str, Any]:
-    cfg = GPTConfig(n_layers=n_blocks, **_MEASURE_CFG)  # type: ignore[arg-type]
+    cfg = GPTConfig(n_layers=n_blocks, **_MEASURE_CFG)
     tokens = token_batch(cfg, torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     reference = GPT(cfg)
@@ -470,8 +470,8 @@ def measured_collectives() -> dict[tuple[int, bool, bool], Counts]:
 
 
 def _setting(sp: bool, lp: bool) -> str:
-    return {(False, False): "tensor parallelism alone", (False, True): "tensor parallelism with loss parallel",
-            (True, False): "sequence parallelism", (True, True): "sequence parallelism with loss parallel"}[(sp, lp)]
+    return {(False, False): "tensor parallelism alone", (False, True): "tensor parallelism and loss parallel",
+            (True, False): "sequence parallelism", (True, True): "sequence parallelism and loss parallel"}[(sp, lp)]
 
 
 def _call_text(case: tuple[int, bool, bool]) -> str:
@@ -782,8 +782,8 @@ def _not_an_answer(case: tuple[int, float, float, float], got: Any) -> Verdict |
                        if close else "") + ".",
                     "the two schedules of section 4 whose memory differs: GPipe and 1F1B.")
     if not isinstance(m, numbers.Integral) or isinstance(m, bool) or m < 1:
-        kind = "a float" if isinstance(m, float) else repr(m)
-        return fail(f"{call} returned m = {m!r} ({kind}); a number of microbatches is a whole number, at least 1.",
+        kind = " (a float)" if isinstance(m, float) else ""
+        return fail(f"{call} returned m = {m!r}{kind}; a number of microbatches is a whole number, at least 1.",
                     "which of your operations gives a float or 0 where a count is meant?",
                     "math.ceil and // of ints give ints; / gives a float; with one stage a single microbatch "
                     "already has no bubble.")
@@ -838,7 +838,8 @@ def _case_verdict(case: tuple[int, float, float, float], got: Any) -> Verdict | 
         if m > want and all(_bubble(p, k) <= target for k in range(want, m)):
             tie = _bubble(p, m - 1) == target
             return fail(f"{call} returned m = {m}, but fewer microbatches already meet the target"
-                        + (": m − 1 gives a bubble exactly equal to it, which meets it." if tie else "."),
+                        + (": m − 1 gives a bubble exactly equal to it, which meets it (a formula solved for m in "
+                           "floating point can round past such a tie)." if tie else "."),
                         "the fewest m: more microbatches mean smaller ones, each using the GPU less well, and more "
                         "activations in flight with GPipe. " + _BUBBLE_HINT.split(". ", 1)[1], _BUBBLE_CLOSER)
         return fail(f"{call} returned m = {m}, whose bubble, {_bubble(p, m):.4g}, is above the target.",
@@ -877,6 +878,12 @@ def check_microbatches(fn: Callable[[int, float, float, float], Any]) -> Verdict
             with _time_limit(CALL_SECONDS):
                 got = fn(*case)
         except _TooSlow:
+            p, act, budget, target = case
+            if not _fitting(p, act, budget, _fewest(p, target)):
+                return fail(f"{_case_text(case)} did not return within {CALL_SECONDS:g} s. No schedule fits here, "
+                            "at any m: a search that adds microbatches until the activations fit never ends.",
+                            "what do more microbatches do to the activations in flight, with GPipe and with 1F1B?",
+                            _MEMORY_CLOSER + " If neither fits at the fewest m, return None.")
             return fail(f"{_case_text(case)} did not return within {CALL_SECONDS:g} s.",
                         "does your search for m stop? " + _BUBBLE_HINT.split(". ", 1)[1], _BUBBLE_CLOSER)
         except Exception as exc:  # the student's code: any failure is feedback
