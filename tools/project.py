@@ -58,7 +58,8 @@ CURRICULUM: tuple[Lesson, ...] = (
     Lesson("11_model_parallel", "Model parallelism: tensor, sequence and pipeline",
            "a DeviceMesh and its groups; tensor parallelism of a GPT block with DTensor (Shard, Replicate, "
            "Partial) and its all-reduces counted; sequence parallelism and loss parallel; pipeline schedules "
-           "(GPipe, 1F1B, interleaved), their bubble and the activations they keep"),
+           "(GPipe, 1F1B, interleaved), their bubble and the activations they keep; FSDP2 × TP and its "
+           "checkpoint on another mesh; choosing (dp, tp, pp) from what each GPU holds and sends"),
 )
 
 APPENDIX = re.compile(r"^9\d_appendix_[a-z0-9_]+$")
