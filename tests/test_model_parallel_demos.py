@@ -191,3 +191,11 @@ def test_clip_grad_norm_of_plain_parameters_is_pytorchs() -> None:
     theirs = torch.nn.utils.clip_grad_norm_(b.parameters(), 0.1)
     assert torch.allclose(ours, theirs)
     assert all(torch.allclose(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_three_dimensions_on_eight_ranks_equal_one_process() -> None:
+    ranks = launch(M.three_d_demo, 8, timeout=240, quiet=True)
+    assert [r["coordinate"] for r in ranks][:3] == [(0, 0, 0), (0, 0, 1), (0, 1, 0)]
+    assert all(r["grads_equal"] for r in ranks), [r["max_diff"] for r in ranks]
+    assert [("loss_equal" in r) for r in ranks] == [False] * 4 + [True] * 4  # the last stage computes the loss
+    assert all(r["loss_equal"] for r in ranks[4:])

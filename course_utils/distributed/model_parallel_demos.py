@@ -1,6 +1,6 @@
 """Notebook 11: the workers of model parallelism on a DeviceMesh of gloo CPU processes: the mesh, tensor and
 sequence parallelism of the course's `Block`, loss parallel, pipeline schedules of the course's `GPT`, and
-FSDP2 × TP on a 2 × 2 mesh; each checked against one process.
+FSDP2 × TP on a 2 × 2 mesh and PP × FSDP2 × TP on 2 × 2 × 2; each checked against one process.
 
 Each worker runs in a process started by `course_utils.distributed.launch.launch`, with the gloo process group
 already set up, and returns small picklable results: verdicts, counts and byte sizes (the same on every
@@ -16,7 +16,7 @@ several workers in one.
 - `SavedActivations`: the bytes autograd holds for backward while a block runs, and the most it held.
 - `CollectiveBytes`: the size of each collective's tensor (``CommDebugMode`` counts them, without sizes).
 - Workers: `mesh_demo`, `tp_block_demo`, `loss_parallel_demo`, `pipeline_demo`, `bubble_demo`,
-  `fsdp_tp_demo`; `run_demos` runs several in one launch.
+  `fsdp_tp_demo`, `three_d_demo`, `pitfalls_demo`; `run_demos` runs several in one launch.
 - `GPTPart`: blocks ``start:stop`` of a `GPT`, a pipeline stage; `FixedTimeStage`: a stage whose forward and
   backward take a fixed time (a sleep), for a bubble free of this machine's noise.
 - `bubble_fractions`: each stage's idle share of a pipeline step, from the ranks' timelines.
@@ -49,8 +49,8 @@ from ..models import GPT, Block, GPTConfig, token_batch
 
 __all__ = ["BLOCK_CFG", "PIPE_CFG", "TOLERANCE", "CollectiveBytes", "FixedTimeStage", "GPTPart",
            "SavedActivations", "TPBlock", "block_plan", "bubble_demo", "bubble_fractions", "clip_grad_norm_",
-           "fsdp_tp_demo", "head_major", "pitfalls_demo", "loss_parallel_demo", "mesh_demo", "pipeline_demo", "qkv_major", "run_demos",
-           "tensor_parallel_gpt", "tp_block_demo"]
+           "fsdp_tp_demo", "head_major", "loss_parallel_demo", "mesh_demo", "pipeline_demo", "pitfalls_demo",
+           "qkv_major", "run_demos", "tensor_parallel_gpt", "three_d_demo", "tp_block_demo"]
 
 # PyTorch documents __torch_dispatch__ modes with this class ("Extending PyTorch"); it lives in a module whose
 # name starts with an underscore, which `import torch` has already loaded.
@@ -660,6 +660,55 @@ def fsdp_tp_demo(rank: int, world_size: int, checkpoint: str, steps: int = 3, lr
             "params": _params(gpt), "params_one_process": _params(reference),
             "loaded_equal": {name: diff < TOLERANCE for name, diff in loaded.items()},
             "loaded_max_diff": loaded}
+
+
+def three_d_demo(rank: int, world_size: int, n_microbatches: int = 4) -> dict[str, Any]:
+    """All three on a ``("pp", "dp", "tp")`` mesh of 2 × 2 × (``world_size`` / 4), as torchtitan builds it: the
+    course's GPT (`PIPE_CFG`) tensor-parallel over "tp" (`tensor_parallel_gpt`), cut into two pipeline stages
+    (`GPTPart`) along "pp", each stage's blocks and the stage sharded by FSDP2 over "dp", one 1F1B step of
+    ``n_microbatches`` per "dp" group on its half of the batch. Against one process on the whole batch: this
+    rank's gradients (gathered over "dp" and "tp") and, on the last stage, the loss of its half."""
+    from torch.distributed import pipelining
+    from torch.distributed.fsdp import fully_shard
+
+    cfg = PIPE_CFG
+    tokens = token_batch(cfg, torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    reference = GPT(cfg)
+    reference.loss(tokens).backward()
+
+    mesh = init_device_mesh("cpu", (2, 2, world_size // 4), mesh_dim_names=("pp", "dp", "tp"))
+    pp, dp = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+    per = cfg.n_layers // 2
+    part = GPTPart(tensor_parallel_gpt(cfg, mesh["tp"]), pp * per, (pp + 1) * per)  # seed 0: the same weights
+    for block in part.blocks:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(part, mesh=mesh["dp"])
+    stage = pipelining.PipelineStage(part, pp, 2, torch.device("cpu"), group=mesh.get_group("pp"))
+    pipe = pipelining.Schedule1F1B(stage, n_microbatches, loss_fn=_next_token_loss)
+    mine = tokens.chunk(2)[dp]  # the same half for every rank of one "dp" group's pipeline
+    losses: list[torch.Tensor] = []
+    if pp == 0:
+        pipe.step(mine[:, :-1])
+    else:
+        pipe.step(target=mine[:, 1:], losses=losses)
+
+    whole = dict(reference.named_parameters())
+    worst = 0.0
+    for name, p in part.named_parameters():
+        if name.startswith("blocks."):  # the stage's block i is the GPT's block pp · per + i
+            _, i, rest = name.split(".", 2)
+            name = f"blocks.{int(i) + pp * per}.{rest}"
+        mine_grad, one_grad = p.grad, whole[name].grad
+        assert mine_grad is not None and one_grad is not None, f"{name} has no gradient"
+        worst = max(worst, (_full(name, mine_grad, cfg.n_heads) - one_grad).abs().max().item())
+    found: dict[str, Any] = {"rank": rank, "coordinate": tuple(mesh.get_coordinate() or ()),
+                             "grads_equal": worst < TOLERANCE, "max_diff": worst}
+    if losses:
+        with torch.no_grad():
+            half = reference.loss(mine).item()
+        found["loss_equal"] = abs(torch.stack(losses).mean().item() - half) < TOLERANCE
+    return found
 
 
 # --- the pitfalls ---------------------------------------------------------------------------------------
