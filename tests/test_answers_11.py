@@ -320,10 +320,6 @@ WRONG_COLLECTIVES: dict[str, tuple[Callable[..., Any], str, str]] = {
 }
 
 
-def _table(n: int, sp: bool, lp: bool) -> Counter[str]:
-    return Counter()
-
-
 def _by_table(n: int, sp: bool, lp: bool) -> dict[str, Counter[str]]:
     """A right answer written otherwise: each boundary's placement change looked up in a table."""
     collective = {("Shard", "Replicate"): "all_gather_into_tensor", ("Partial", "Replicate"): "all_reduce",
@@ -461,9 +457,10 @@ WRONG_MICROBATCHES: dict[str, tuple[Callable[..., Any], str, str]] = {
                    "returned None, but a schedule fits at the fewest m: 1F1B holds at most p", "activations in flight"),
     "1F1B holds p, even with fewer microbatches": (
         _loop(_bubble, lambda p, m, a, b: "1F1B" if p * a <= b else None),
-        "with fewer microbatches than stages 1F1B holds only those m", "never more than m"),
+        "with fewer microbatches than stages, 1F1B holds only those m, as GPipe does", "never more than m"),
     "an exact fit taken for too much": (_loop(_bubble, lambda p, m, a, b: "1F1B" if min(m, p) * a < b else None),
-                                        "lands exactly on the budget, which fits", "activations in flight"),
+                                        "1F1B's activations in flight land exactly on the budget, and an exact fit "
+                                        "fits", "activations in flight"),
     "memory ignored": (_loop(_bubble, lambda p, m, a, b: "1F1B"),
                        "neither schedule fits: 1F1B holds 4 microbatches of 3 GB, more than 11 GB", "activations in"),
     "GPipe whatever it holds": (_loop(_bubble, lambda p, m, a, b: "GPipe"),

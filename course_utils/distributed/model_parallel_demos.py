@@ -297,7 +297,8 @@ def tp_block_demo(rank: int, world_size: int, sequence_parallel: bool = False) -
             "activation_bytes": x.nbytes,  # b·t·d·4, the paper's unit
             "params": _params(block), "params_one_process": _params(reference),
             "saved_bytes": saved.peak, "saved_bytes_one_process": whole.peak,
-            "local_qkv_weight": tuple(_local(block.qkv.weight).shape)}
+            "local_qkv_weight": tuple(_local(block.qkv.weight).shape),
+            "norm_grad_placements": str(getattr(block.norm1.weight.grad, "placements", "a plain tensor"))}
 
 
 def loss_parallel_demo(rank: int, world_size: int) -> dict[str, Any]:
@@ -554,8 +555,9 @@ def clip_grad_norm_(parameters: Sequence[nn.Parameter], max_norm: float) -> torc
     """``torch.nn.utils.clip_grad_norm_`` for a model whose parameters live on different meshes, as FSDP2 ×
     TP leaves them (the split ones on the ``("dp", "tp")`` mesh, the others on ``"dp"`` alone), where
     PyTorch's raises "All operands in aten.stack.default must have the same mesh". The norm of each mesh's
-    gradients, made a plain number (``full_tensor``), then one total; then each mesh's gradients scaled.
-    Returns the total norm, as PyTorch's does."""
+    gradients, made a plain tensor (``full_tensor``), then one total; then each mesh's gradients scaled.
+    Returns the total norm, as PyTorch's does. The 2-norm only: no ``norm_type``, ``foreach`` or
+    ``error_if_nonfinite``."""
     groups: dict[Any, list[nn.Parameter]] = defaultdict(list)
     for p in parameters:
         if p.grad is not None:
@@ -606,7 +608,8 @@ def fsdp_tp_demo(rank: int, world_size: int, checkpoint: str, steps: int = 3, lr
     the model across "dp"; each "dp" group trains on its share of the batch. ``steps`` SGD steps with the
     gradients clipped to ``max_norm`` against one process on the whole batch: the losses and the weights
     equal within `TOLERANCE`; each weight's placements, and this rank's share of the parameters; the error
-    PyTorch's ``clip_grad_norm_`` raises here (`clip_grad_norm_` is the fix).
+    PyTorch's ``clip_grad_norm_`` raises here (`clip_grad_norm_` is the fix), and the one ``fully_shard``
+    before ``parallelize_module`` raises.
 
     Then the DCP checkpoint (notebook 08's ``save_sharded``) of the trained 2-D model, in ``checkpoint``,
     loaded on other meshes: the same GPT tensor-parallel over all ``world_size`` ranks (equal to the trained
@@ -631,13 +634,20 @@ def fsdp_tp_demo(rank: int, world_size: int, checkpoint: str, steps: int = 3, lr
     mine = tokens.chunk(2)[mesh.get_local_rank("dp")]  # the same rows for the ranks of one "tp" group
     gpt.loss(mine).backward()
     pitfall = _first_line(lambda: torch.nn.utils.clip_grad_norm_(gpt.parameters(), max_norm))
+    norm_before = clip_grad_norm_(list(gpt.parameters()), float("inf")).item()  # measures, clips nothing
     gpt.zero_grad()
     losses = _train(gpt, [mine] * steps, lr, max_norm, clip_grad_norm_, mesh.get_group("dp"))
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True))
     weight_diff = _max_diff(gpt, reference, cfg.n_heads, grads=False)
     save_sharded(get_model_state_dict(gpt), checkpoint)
 
-    loaded = {}
+    def fsdp_first() -> None:  # the other order: FSDP2 over "dp", then tensor parallelism over "tp"
+        torch.manual_seed(0)
+        other = GPT(cfg)
+        fully_shard(other, mesh=mesh["dp"])
+        parallelize_module(other, mesh["tp"], block_plan(prefix="blocks.0."))
+
+    loaded, fixed = {}, {}
     whole = init_device_mesh("cpu", (world_size,), mesh_dim_names=("all",))
     other_tp = tensor_parallel_gpt(cfg, whole, seed=1)  # other weights, overwritten by the load
     torch.manual_seed(1)
@@ -649,17 +659,22 @@ def fsdp_tp_demo(rank: int, world_size: int, checkpoint: str, steps: int = 3, lr
         state = get_model_state_dict(model)
         load_sharded(state, checkpoint)
         set_model_state_dict(model, state)
-        # a plain GPT's qkv is compared as it is stored: no reordering
+        # a plain GPT's qkv as it is stored; then read in TPBlock's order (qkv_major of the gathered weight)
         loaded[name] = _max_diff(model, reference, cfg.n_heads if model is other_tp else None, grads=False)
+        fixed[name] = _max_diff(model, reference, cfg.n_heads, grads=False)
+    differ = sorted(n for (n, p), q in zip(plain.named_parameters(), reference.parameters(), strict=True)
+                    if (_full(n, p, None) - q).abs().max().item() >= TOLERANCE)
     return {"rank": rank, "coordinate": tuple(mesh.get_coordinate() or ()),
             "losses_equal": loss_diff < TOLERANCE, "weights_equal": weight_diff < TOLERANCE,
             "max_diff": max(loss_diff, weight_diff), "losses": [round(x, 4) for x in losses],
-            "clip_error": pitfall,
+            "clip_error": pitfall, "grad_norm_before_clipping": round(norm_before, 3),
+            "fsdp_first_error": _first_line(fsdp_first),
             "placements": {name: str(p.placements) for name, p in gpt.named_parameters()  # type: ignore[attr-defined]
                            if name.startswith("blocks.0.") or not name.startswith("blocks.")},
             "params": _params(gpt), "params_one_process": _params(reference),
             "loaded_equal": {name: diff < TOLERANCE for name, diff in loaded.items()},
-            "loaded_max_diff": loaded}
+            "loaded_max_diff": loaded, "plain_differs_in": differ,
+            "plain_equal_read_head_major": fixed["fsdp plain GPT"] < TOLERANCE}
 
 
 def three_d_demo(rank: int, world_size: int, n_microbatches: int = 4) -> dict[str, Any]:
@@ -715,11 +730,9 @@ def three_d_demo(rank: int, world_size: int, n_microbatches: int = 4) -> dict[st
 
 
 def pitfalls_demo(rank: int, world_size: int) -> dict[str, str]:
-    """The first line of the error each common mistake raises, on ``world_size`` ranks: the cross-entropy of
-    vocabulary-sharded logits outside ``loss_parallel``, or with only its forward inside; FSDP2's
-    ``fully_shard`` applied before ``parallelize_module``."""
-    from torch.distributed.fsdp import fully_shard
-
+    """The first line of the error each common mistake with ``loss_parallel`` raises, on ``world_size`` ranks:
+    the cross-entropy of vocabulary-sharded logits outside it, or with only its forward inside. (`fsdp_tp_demo`
+    shows those of FSDP2 × TP.)"""
     cfg = GPTConfig(n_layers=1)
     tokens = token_batch(cfg, torch.Generator().manual_seed(0))
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
@@ -730,14 +743,8 @@ def pitfalls_demo(rank: int, world_size: int) -> dict[str, str]:
             loss = gpt.loss(tokens)
         loss.backward()
 
-    def fsdp_first() -> None:
-        mlp = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
-        fully_shard(mlp, mesh=mesh)
-        parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-
     return {"loss outside loss_parallel": _first_line(lambda: gpt.loss(tokens)),
-            "backward outside loss_parallel": _first_line(forward_only_inside),
-            "fully_shard before parallelize_module": _first_line(fsdp_first)}
+            "backward outside loss_parallel": _first_line(forward_only_inside)}
 
 
 # --- several workers in one launch ----------------------------------------------------------------------

@@ -823,16 +823,18 @@ def _case_verdict(case: tuple[int, float, float, float], got: Any) -> Verdict | 
     if got is None:
         if not fits:
             return None
-        exact = any(_in_flight(s, p, want) * act == budget for s in fits)
-        if "GPipe" not in fits or want < p:
-            why = ("with fewer microbatches than stages 1F1B holds only those m" if want < p else
-                   "1F1B holds at most p microbatches at once")
-            return fail(f"{call} returned None, but a schedule fits at the fewest m: {why}"
-                        + (", and its activations land exactly on the budget, which fits." if exact else "."),
+        exact = [s for s in fits if _in_flight(s, p, want) * act == budget]
+        if want < p:
+            return fail(f"{call} returned None, but a schedule fits at the fewest m: with fewer microbatches than "
+                        "stages, 1F1B holds only those m, as GPipe does"
+                        + (", and they land exactly on the budget: an exact fit fits." if exact else "."),
                         _MEMORY_HINT, _MEMORY_CLOSER)
-        return fail(f"{call} returned None, but a schedule fits at the fewest m"
-                    + (": its activations land exactly on the budget, and an exact fit fits." if exact else "."),
-                    _MEMORY_HINT, _MEMORY_CLOSER)
+        if exact:
+            return fail(f"{call} returned None, but at the fewest m {exact[0]}'s activations in flight land exactly "
+                        "on the budget, and an exact fit fits.", _MEMORY_HINT, _MEMORY_CLOSER)
+        return fail(f"{call} returned None, but a schedule fits at the fewest m: 1F1B holds at most p microbatches "
+                    "at once.", _MEMORY_HINT, _MEMORY_CLOSER)
+
     schedule, m = got
     if m not in accepted:
         if m > want and all(_bubble(p, k) <= target for k in range(want, m)):

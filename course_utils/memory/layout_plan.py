@@ -21,8 +21,8 @@ the tensor for an all-gather or a reduce-scatter and twice that for an all-reduc
   (ZeRO 3: 1.5 times as many, as the ZeRO paper counts);
 - **tp**: two all-reduces of the block's activations ``tokens × d_model`` in forward and two in backward per block
   (Megatron-LM; notebook 11 counts them with ``CommDebugMode``); with sequence parallelism each all-reduce is an
-  all-gather and a reduce-scatter, the same bytes. The head's loss-parallel sums are left out (a few numbers
-  per token);
+  all-gather and a reduce-scatter, the same bytes. Left out: the head's loss-parallel sums (a few numbers per
+  token) and, with sequence parallelism, the all-reduce of the norms' gradients (4 · d_model numbers per block);
 - **pp**: a stage sends its output activations forward and the gradient of its input backward, ``tokens ×
   d_model`` each; a middle stage does both.
 
