@@ -36,6 +36,8 @@ from torch.distributed.tensor.parallel import (
 from course_utils.distributed import launch as launching
 from course_utils.exercises import Verdict
 from course_utils.exercises import model_parallel as ex
+from course_utils.memory.layout_plan import Layout, activation_bytes_per_gpu, state_bytes_per_gpu
+from course_utils.models import GPTConfig
 
 NB = "11_model_parallel"
 
@@ -85,6 +87,7 @@ def test_the_solution_lines_are_read() -> None:
     assert any("RowwiseParallel()" in line for line in SOLUTION_LINES)
     assert any("all_gather_into_tensor" in line for line in SOLUTION_LINES)
     assert any("min(m, p)" in line for line in SOLUTION_LINES)
+    assert any("state + acts <= gpu_bytes" in line for line in SOLUTION_LINES)
 
 
 # --- exercise 1: a tensor-parallel plan for a SwiGLU MLP ------------------------------------------------------
@@ -506,7 +509,7 @@ def test_microbatches_wrong_answers(name: str) -> None:
     # no verdict names the fewest m of the case it reports, unless the answer gave it
     case = next(c for c in ex.MICROBATCH_CASES if ex._case_text(c) in verdict.message) if any(
         ex._case_text(c) in verdict.message for c in ex.MICROBATCH_CASES) else None
-    if case is not None:
+    if case is not None and "did not return" not in verdict.message:
         want = ex._fewest(case[0], case[3])
         got = fn(*case)
         if not (isinstance(got, tuple) and len(got) == 2 and got[1] == want):
@@ -541,3 +544,128 @@ def test_microbatch_cases_hold_the_edges_the_statement_promises() -> None:
     assert any(not fits and p > 1 for p, _, fits, *_ in rows)
     assert any(fits == ["1F1B"] for _, _, fits, *_ in rows) and any("GPipe" in fits for _, _, fits, *_ in rows)
     assert max(m for _, m, *_ in rows) > 100  # a loop over m must be quick, not clever
+
+
+# --- exercise 4: choose the layout ---------------------------------------------------------------------------
+
+PLAN_NAMES = {"Layout": Layout, "state_bytes_per_gpu": state_bytes_per_gpu,
+              "activation_bytes_per_gpu": activation_bytes_per_gpu}
+NOTEBOOK_LAYOUT: Callable[..., Any] = notebook_functions(NB, ("choose_layout",), PLAN_NAMES,
+                                                         tag="solution")["choose_layout"]
+
+
+def _need(cfg: GPTConfig, layout: Layout) -> float:
+    return sum(state_bytes_per_gpu(cfg, layout).values()) + activation_bytes_per_gpu(
+        cfg, layout, 1, 8, "1F1B", act=2, res=4)
+
+
+def _search(tps: Callable[[int, int], list[int]], fits: Callable[[GPTConfig, Layout, float], bool],
+            skip_errors: bool = True, zero: int = 1, uses_all: bool = True) -> Callable[..., Any]:
+    """A search over GPUs per copy, fewest first, trying ``tps(per_node, per_copy)`` in that order."""
+    def choose_layout(cfg: GPTConfig, per_node: int, nodes: int, gpu: float) -> Any:
+        total = per_node * nodes
+        for per_copy in (k for k in range(1, total + 1) if total % k == 0):
+            for tp in tps(per_node, per_copy):
+                layout = Layout(dp=total // per_copy if uses_all else 1, tp=tp, pp=per_copy // tp, zero=zero,
+                                sequence_parallel=True)
+                try:
+                    if fits(cfg, layout, gpu):
+                        return layout
+                except ValueError:
+                    if not skip_errors:
+                        raise
+        return None
+    return choose_layout
+
+
+def _within_node(per_node: int, per_copy: int) -> list[int]:
+    return [t for t in range(min(per_node, per_copy), 0, -1) if per_node % t == 0 and per_copy % t == 0]
+
+
+def _fits(cfg: GPTConfig, layout: Layout, gpu: float) -> bool:
+    return _need(cfg, layout) <= gpu
+
+
+WRONG_LAYOUTS: dict[str, tuple[Callable[..., Any], str, str]] = {
+    "the notebook's stub: data parallelism only": (
+        lambda cfg, g, n, gpu: Layout(dp=g * n, zero=1, sequence_parallel=True),
+        "your layout, dp 8 × tp 1 × pp 1, needs 79.9 GB per GPU (state and activations), more than 70.9 GB",
+        "section 6's plan"),
+    "tp as large as the node, never less": (
+        _search(lambda g, k: [min(g, k)] if k % min(g, k) == 0 else [], _fits),
+        "the 175 B model on 8 nodes of 8 GPUs with 70.9 GB each you returned None, but a layout fits",
+        "did your search try every tp within a node"),
+    "the least tp first": (_search(lambda g, k: _within_node(g, k)[::-1], _fits),
+                           "with as many GPUs per copy of the model a larger tp fits too", "Narayanan et al.'s rule"),
+    "the state alone": (_search(_within_node, lambda cfg, lay, gpu: sum(state_bytes_per_gpu(cfg, lay).values()) <= gpu),
+                        "needs 45.1 GB per GPU (state and activations), more than 20.5 GB",
+                        "the model's state and the activations of the most loaded stage"),
+    "tp across nodes": (_search(lambda g, k: [t for t in range(k, 0, -1) if k % t == 0], _fits),
+                        "has tp 16, which does not fit within a node of 8 GPUs", "tensor parallelism stays within"),
+    "layouts layout_plan refuses not skipped": (_search(_within_node, _fits, skip_errors=False),
+                                                "your function raised ValueError: tp (8) must divide the heads (20)",
+                                                "your search must skip those"),
+    "one copy of the model only": (_search(_within_node, _fits, uses_all=False),
+                                   "your layout, dp 1 × tp 2 × pp 1, uses 2 GPUs of the 8",
+                                   "data parallelism takes the GPUs"),
+    "ZeRO 0": (_search(_within_node, _fits, zero=0), "the exercise plans with ZeRO 1 and sequence parallelism",
+               "only dp, tp and pp are chosen"),
+    "a tuple": (lambda cfg, g, n, gpu: (lay.dp, lay.tp, lay.pp) if (lay := NOTEBOOK_LAYOUT(cfg, g, n, gpu)) else None,
+                "you returned tuple (4, 2, 1); expected a Layout", "the answer is layout_plan's Layout"),
+    "the most GPUs per copy": (
+        lambda cfg, g, n, gpu: next((lay for lay in sorted(
+            ex._candidates(cfg, g, n), key=lambda lay: (-lay.tp * lay.pp, -lay.tp)) if _fits(cfg, lay, gpu)), None),
+        "fits, but a layout with fewer GPUs per copy of the model fits too", "every GPU added to a copy"),
+}
+
+
+def _sorted_candidates(cfg: GPTConfig, per_node: int, nodes: int, gpu: float) -> Layout | None:
+    """A right answer written otherwise: every layout, sorted by the rule, the first that fits."""
+    total = per_node * nodes
+    layouts = [Layout(dp=total // (tp * pp), tp=tp, pp=pp, zero=1, sequence_parallel=True)
+               for tp in range(1, per_node + 1) if per_node % tp == 0
+               for pp in range(1, total // tp + 1) if total % (tp * pp) == 0]
+    for layout in sorted(layouts, key=lambda lay: (lay.tp * lay.pp, -lay.tp)):
+        if layout.tp <= cfg.n_heads and cfg.n_heads % layout.tp == 0 and cfg.vocab % layout.tp == 0 \
+                and layout.pp <= cfg.n_layers and _fits(cfg, layout, gpu):
+            return layout
+    return None
+
+
+RIGHT_LAYOUTS: dict[str, Callable[..., Any]] = {"the notebook's solution": NOTEBOOK_LAYOUT,
+                                                "all layouts sorted by the rule": _sorted_candidates}
+
+
+@pytest.mark.parametrize("name", WRONG_LAYOUTS)
+def test_layout_wrong_answers(name: str) -> None:
+    fn, message, hint = WRONG_LAYOUTS[name]
+    rejected(ex.check_layout(fn), message, hint, closer=name not in ("ZeRO 0",))
+
+
+@pytest.mark.parametrize("name", RIGHT_LAYOUTS)
+def test_layout_right_answers(name: str) -> None:
+    verdict = ex.check_layout(RIGHT_LAYOUTS[name])
+    assert verdict, verdict
+
+
+def test_layout_the_notebooks_stub() -> None:
+    namespace: dict[str, Any] = dict(PLAN_NAMES)
+    exec(_exercise_cell("check_layout", solution=False), namespace)
+    rejected(ex.check_layout(namespace["choose_layout"]), "needs 79.9 GB per GPU", "section 6's plan")
+
+
+def test_layout_cases_hold_what_the_checker_promises() -> None:
+    answers = {}
+    for case in ex.LAYOUT_CASES:
+        name, cfg, per_node, nodes, gpu = case
+        candidates = ex._candidates(cfg, per_node, nodes)
+        assert all(abs(_need(cfg, lay) / gpu - 1) > 1e-3 for lay in candidates)  # no float ties
+        answers[(name, per_node, nodes)] = ex._reference_layout(cfg, per_node, nodes, gpu)
+    assert None in answers.values()
+    assert any(lay is not None and lay.pp > 1 for lay in answers.values())
+    # the heads limit tp: the same model with 40 heads gets tp 8 on the same cluster, with 20 heads tp 4
+    assert answers[("13 B, 40 heads", 8, 4)].tp == 8 and answers[("13 B, 20 heads", 8, 4)].tp == 4  # type: ignore[union-attr]
+    # a smaller tp fits where the largest does not, for the same GPUs per copy
+    lay = answers[("175 B", 8, 8)]
+    assert lay is not None and lay.tp < 8 and lay.tp * lay.pp == 64
+    assert any(per_node == 4 for _, _, per_node, _, _ in ex.LAYOUT_CASES)

@@ -75,8 +75,8 @@ TWO_RANKS: list[tuple[Any, dict[str, Any]]] = [
     (M.pipeline_demo, {"schedule": "Interleaved1F1B", "n_microbatches": 8}),
     (M.bubble_demo, {"schedule": "GPipe", "n_microbatches": 4}),
     (M.bubble_demo, {"schedule": "1F1B", "n_microbatches": 8}),
-    (M.bubble_demo, {"schedule": "1F1B", "n_microbatches": 4}),
-    (M.bubble_demo, {"schedule": "Interleaved1F1B", "n_microbatches": 4}), (M.pitfalls_demo, {})]
+    (M.bubble_demo, {"schedule": "1F1B", "n_microbatches": 2}),
+    (M.bubble_demo, {"schedule": "Interleaved1F1B", "n_microbatches": 2}), (M.pitfalls_demo, {})]
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +157,8 @@ def test_fixed_time_stages_show_the_gpipe_bubble(two_ranks: list[list[Any]]) -> 
 
 
 def test_interleaving_shrinks_the_bubble_of_1f1b(two_ranks: list[list[Any]]) -> None:
-    """Ideal 0.2 against 0.111: interleaving's extra sends cost more above its ideal than 1F1B's, but it stays
-    below plain 1F1B with the same microbatches on every rank."""
+    """With 2 microbatches on 2 ranks, ideal 0.333 against 0.2: interleaving's extra sends cost more above its
+    ideal than 1F1B's, but it stays below plain 1F1B with the same microbatches on every rank."""
     plain, interleaved = (M.bubble_fractions([r["timings"]["timeline_ms"] for r in results])
                           for results in two_ranks[8:10])
     assert max(interleaved) < min(plain), (interleaved, plain)
@@ -168,7 +168,6 @@ def test_pitfalls_raise_the_messages_the_notebook_explains(two_ranks: list[list[
     for rank in two_ranks[-1]:
         assert "nll_loss_forward.default got mixed torch.Tensor and DTensor" in rank["loss outside loss_parallel"]
         assert "nll_loss_backward.default got mixed" in rank["backward outside loss_parallel"]
-        assert "Cannot distribute a DTensor" in rank["fully_shard before parallelize_module"]
 
 
 def test_four_ranks_meshes_and_fsdp2_times_tp_training_equals_one_process(tmp_path: Path) -> None:
@@ -187,6 +186,10 @@ def test_four_ranks_meshes_and_fsdp2_times_tp_training_equals_one_process(tmp_pa
         assert "must have the same mesh" in fsdp_tp["clip_error"]
         # the checkpoint loads on a 4-way tensor-parallel mesh equal, into a plain GPT silently wrong
         assert fsdp_tp["loaded_equal"] == {"tp": True, "fsdp plain GPT": False}
+        assert fsdp_tp["plain_differs_in"] == [f"blocks.{i}.qkv.{k}" for i in (0, 1) for k in ("bias", "weight")]
+        assert fsdp_tp["plain_equal_read_head_major"]  # qkv's rows in TPBlock's order: the layout, not the values
+        assert "to a different device mesh" in fsdp_tp["fsdp_first_error"]  # FSDP2 first, then TP: refused
+        assert fsdp_tp["grad_norm_before_clipping"] > 0.1  # so clipping acted, and still matched one process
     assert (tmp_path / "dcp" / ".metadata").is_file()
 
 

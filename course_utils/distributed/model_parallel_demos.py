@@ -518,7 +518,7 @@ class FixedTimeStage(nn.Module):
 
 
 def bubble_demo(rank: int, world_size: int, schedule: str = "GPipe", n_microbatches: int = 4,
-                forward_s: float = 0.02, backward_s: float = 0.04) -> dict[str, Any]:
+                forward_s: float = 0.05, backward_s: float = 0.1) -> dict[str, Any]:
     """One step of ``Schedule<schedule>`` over `FixedTimeStage` stages (each rank's work per microbatch
     takes ``forward_s`` + ``backward_s``, split between its stages when it has two): the order of its
     microbatches and, under ``"timings"``, its timeline (ms), from which `bubble_fractions` measures the

@@ -18,6 +18,9 @@ its bubble and its memory.
   fewest microbatches whose bubble ``(p − 1)/(m + p − 1)`` is at most ``target`` and a schedule whose
   activations in flight fit (GPipe keeps all m, 1F1B at most p on the first stage), or None; tried on
   `MICROBATCH_CASES`.
+- Exercise 4, `check_layout`: ``choose_layout(cfg, gpus_per_node, nodes, gpu_bytes)`` returns the layout
+  section 6's plan (`course_utils.memory.layout_plan`) says fits, with the fewest GPUs per copy of the model and
+  then the most tensor parallelism within a node (Narayanan et al., 2021), or None; tried on `LAYOUT_CASES`.
 
 Every failing verdict's hint names the concept; its closer hint (``%hint``, or a second failure) is nearer to
 the code. No verdict states the answer of a case the student computes.
@@ -56,9 +59,10 @@ from ..memory.layout_plan import Layout, activation_bytes_per_gpu, state_bytes_p
 from ..models import GPT, Block, GPTConfig, token_batch
 from . import Verdict, exercise, fail, ok
 
-__all__ = ["CALL_SECONDS", "COLLECTIVES", "COLLECTIVE_CASES", "MICROBATCH_CASES", "SCHEDULES", "SWIGLU_SHAPE", "SwiGLU",
-           "check_collectives", "check_microbatches", "check_swiglu_plan", "collectives_worker",
-           "measured_collectives", "sequence_parallel_gpt", "swiglu_plan_worker"]
+__all__ = ["CALL_SECONDS", "COLLECTIVES", "COLLECTIVE_CASES", "LAYOUT_CASES", "LAYOUT_MICROBATCHES",
+           "MICROBATCH_CASES", "SCHEDULES", "SWIGLU_SHAPE", "SwiGLU", "check_collectives", "check_layout",
+           "check_microbatches", "check_swiglu_plan", "collectives_worker", "measured_collectives",
+           "sequence_parallel_gpt", "swiglu_plan_worker"]
 
 TOLERANCE = demos.TOLERANCE
 CALL_SECONDS = 1.0
@@ -906,3 +910,164 @@ def check_microbatches(fn: Callable[[int, float, float, float], Any]) -> Verdict
     return ok(f"all {len(MICROBATCH_CASES)} cases agree: from 1 to 16 stages, bubbles that land exactly on the "
               "target, activations exactly at the budget, fewer microbatches than stages, and section 6's 65 B "
               "model on 80 GB GPUs.")
+
+
+# --- 4. choose the layout -----------------------------------------------------------------------------------
+
+LAYOUT_MICROBATCHES = 8
+"""Exercise 4 plans as section 6 does: 8 microbatches of one sequence per step and dp rank, 1F1B, bf16 products
+and a float32 residual stream (``act=2, res=4``), float32 weights, gradients and AdamW moments, ZeRO 1 and
+sequence parallelism."""
+
+
+def _gpu(gb: float) -> float:
+    """Section 6's budget of a GPU of ``gb`` GB: less a 10% allocator margin and the CUDA context."""
+    return gb * 1e9 * 0.9 - 2**30
+
+
+_MODELS = {
+    "7 B": GPTConfig(vocab=32_000, seq_len=4097, d_model=4096, n_heads=32, n_layers=32),
+    "13 B, 20 heads": GPTConfig(vocab=32_000, seq_len=4097, d_model=5120, n_heads=20, n_layers=40),
+    "13 B, 40 heads": GPTConfig(vocab=32_000, seq_len=4097, d_model=5120, n_heads=40, n_layers=40),
+    "65 B": GPTConfig(vocab=32_000, seq_len=4097, d_model=8192, n_heads=64, n_layers=80),
+    "175 B": GPTConfig(vocab=51_200, seq_len=2049, d_model=12288, n_heads=96, n_layers=96),
+}
+
+LAYOUT_CASES: tuple[tuple[str, GPTConfig, int, int, float], ...] = (
+    ("7 B", _MODELS["7 B"], 8, 1, _gpu(80)),
+    ("7 B", _MODELS["7 B"], 8, 1, _gpu(24)),
+    ("7 B", _MODELS["7 B"], 4, 2, _gpu(24)),
+    ("13 B, 40 heads", _MODELS["13 B, 40 heads"], 8, 4, _gpu(40)),
+    ("13 B, 20 heads", _MODELS["13 B, 20 heads"], 8, 4, _gpu(40)),
+    ("65 B", _MODELS["65 B"], 8, 8, _gpu(80)),
+    ("65 B", _MODELS["65 B"], 8, 1, _gpu(80)),
+    ("175 B", _MODELS["175 B"], 8, 8, _gpu(80)),
+    ("175 B", _MODELS["175 B"], 8, 64, _gpu(80)),
+)
+"""Exercise 4's cases: (the model's name, its shape, GPUs per node, nodes, bytes a GPU has for the step)."""
+
+
+def _layout_need(cfg: GPTConfig, layout: Layout) -> float:
+    """Bytes the most loaded GPU needs: the model's state and the activations of section 6's step. Raises
+    ValueError for a layout `layout_plan` cannot split the model by."""
+    state = sum(state_bytes_per_gpu(cfg, layout).values())
+    return state + activation_bytes_per_gpu(cfg, layout, 1, LAYOUT_MICROBATCHES, "1F1B", act=2, res=4)
+
+
+def _candidates(cfg: GPTConfig, per_node: int, nodes: int) -> list[Layout]:
+    """Every layout of section 6's kind on the whole cluster that `layout_plan` can split the model by, with tp
+    within a node: fewest GPUs per model copy (tp × pp) first, then the largest tp."""
+    total = per_node * nodes
+    found = []
+    for copy_size in (k for k in range(1, total + 1) if total % k == 0):
+        for tp in (t for t in range(min(per_node, copy_size), 0, -1) if per_node % t == 0 and copy_size % t == 0):
+            layout = Layout(dp=total // copy_size, tp=tp, pp=copy_size // tp, zero=1, sequence_parallel=True)
+            try:
+                _layout_need(cfg, layout)
+            except ValueError:
+                continue
+            found.append(layout)
+    return found
+
+
+def _reference_layout(cfg: GPTConfig, per_node: int, nodes: int, gpu_bytes: float) -> Layout | None:
+    return next((lay for lay in _candidates(cfg, per_node, nodes) if _layout_need(cfg, lay) <= gpu_bytes), None)
+
+
+def _layout_case_text(case: tuple[str, GPTConfig, int, int, float]) -> str:
+    name, _, per_node, nodes, gpu = case
+    return (f"the {name} model on {nodes} node{'s' if nodes > 1 else ''} of {per_node} GPUs with "
+            f"{gpu / 1e9:.1f} GB each")
+
+
+def _short(layout: Layout) -> str:
+    return f"dp {layout.dp} × tp {layout.tp} × pp {layout.pp}"
+
+
+_LAYOUT_HINT = ("Narayanan et al.'s rule (section 6): as few GPUs per copy of the model as fit, tp × pp; of those, "
+                "as much tensor parallelism as fits within a node (the bubble and the stages' imbalance come with "
+                "pp); data parallelism over the rest.")
+_LAYOUT_CLOSER = ("try the numbers of GPUs per copy that divide the cluster, from 1 up; for each, tp from the largest "
+                  "that divides both it and a node's GPUs down to 1 (pp the rest), skipping those layout_plan raises "
+                  "for; return the first whose state and activations fit.")
+
+
+def _layout_verdict(case: tuple[str, GPTConfig, int, int, float], got: Any) -> Verdict | None:
+    _, cfg, per_node, nodes, gpu = case
+    where = _layout_case_text(case)
+    want = _reference_layout(cfg, per_node, nodes, gpu)
+    if got is None:
+        if want is None:
+            return None
+        return fail(f"for {where} you returned None, but a layout fits.",
+                    "None is for a cluster on which no layout fits: did your search try every tp within a node "
+                    "with every pp?", _LAYOUT_CLOSER)
+    if not isinstance(got, Layout):
+        return fail(f"for {where} you returned {type(got).__name__} {got!r:.60}; expected a Layout, or None.",
+                    "the answer is layout_plan's Layout(dp=..., tp=..., pp=..., zero=1, sequence_parallel=True).",
+                    "from course_utils.memory.layout_plan import Layout.")
+    if got.zero != 1 or not got.sequence_parallel:
+        return fail(f"for {where} you returned {got}; the exercise plans with ZeRO 1 and sequence parallelism "
+                    "(zero=1, sequence_parallel=True), as section 6's 65 B rows do.",
+                    "the layout's other settings are fixed: only dp, tp and pp are chosen.")
+    if got.gpus != per_node * nodes:
+        return fail(f"for {where} your layout, {_short(got)}, uses {got.gpus} GPUs of the {per_node * nodes}.",
+                    "a layout uses the whole cluster: data parallelism takes the GPUs model parallelism leaves.",
+                    "dp is the cluster's GPUs divided by tp × pp.")
+    if got.tp > per_node or per_node % got.tp:
+        return fail(f"for {where} your layout has tp {got.tp}, which does not fit within a node of {per_node} GPUs: "
+                    "its all-reduces, four per block in every forward and backward, would cross the network "
+                    "between nodes (section 1).", "tensor parallelism stays within a node: which tp can a node "
+                    "hold whole?", "tp must divide the GPUs of a node.")
+    try:
+        need = _layout_need(cfg, got)
+    except ValueError as exc:
+        return fail(f"for {where} your layout, {_short(got)}, cannot split the model: {exc}.",
+                    "tensor parallelism splits whole heads and the vocabulary; a pipeline stage holds at least one "
+                    "block.", "skip the layouts for which layout_plan raises ValueError.")
+    if need > gpu:
+        return fail(f"for {where} your layout, {_short(got)}, needs {need / 1e9:.1f} GB per GPU (state and "
+                    f"activations), more than {gpu / 1e9:.1f} GB.",
+                    "section 6's plan: the model's state and the activations of the most loaded stage must both "
+                    "fit.", "add state_bytes_per_gpu's values and activation_bytes_per_gpu(cfg, layout, 1, 8, "
+                    "'1F1B', act=2, res=4), and compare with gpu_bytes.")
+    assert want is not None  # the student's layout fits, so the reference finds one
+    if got.tp * got.pp > want.tp * want.pp:
+        return fail(f"for {where} your layout, {_short(got)}, fits, but a layout with fewer GPUs per copy of the "
+                    "model fits too.", "every GPU added to a copy of the model adds communication or bubble: "
+                    + _LAYOUT_HINT, _LAYOUT_CLOSER)
+    if got != want:
+        return fail(f"for {where} your layout, {_short(got)}, fits, but with as many GPUs per copy of the model a "
+                    "larger tp fits too.", _LAYOUT_HINT, _LAYOUT_CLOSER)
+    return None
+
+
+@exercise
+def check_layout(fn: Callable[[GPTConfig, int, int, float], Any]) -> Verdict:
+    """Exercise 4: ``fn(cfg, gpus_per_node, nodes, gpu_bytes)`` returns the `Layout` (``zero=1,
+    sequence_parallel=True``) on all ``gpus_per_node × nodes`` GPUs whose most loaded GPU's state and section 6's
+    activations (`LAYOUT_MICROBATCHES` microbatches of one sequence, 1F1B) fit in ``gpu_bytes``, with tp dividing
+    a node's GPUs; of those, the fewest GPUs per copy of the model (tp × pp), then the largest tp; None if none
+    fits. Layouts that `layout_plan` raises for (tp not dividing the heads or the vocabulary, more stages than
+    blocks) are not layouts. The checker calls ``fn`` on every case of `LAYOUT_CASES`, then reports the first
+    wrong one. No candidate layout of these cases needs within 0.1% of its GPU's bytes, so sums taken in
+    another order give the same answers."""
+    if not callable(fn):
+        return fail(f"expected your function, got {type(fn).__name__}.",
+                    "pass the function itself: check_layout(choose_layout).")
+    for case in LAYOUT_CASES:
+        _, cfg, per_node, nodes, gpu = case
+        try:
+            got = fn(cfg, per_node, nodes, gpu)
+        except Exception as exc:  # the student's code: any failure is feedback
+            hint = ("layout_plan raises ValueError for a layout it cannot split the model by: your search must "
+                    "skip those." if isinstance(exc, ValueError) else
+                    "run your function on this case yourself: the traceback shows which operation fails.")
+            return fail(f"for {_layout_case_text(case)} your function raised {_first_line(exc)}", hint,
+                        _LAYOUT_CLOSER)
+        bad = _layout_verdict(case, got)
+        if bad is not None:
+            return bad
+    return ok(f"all {len(LAYOUT_CASES)} clusters get the layout with the fewest GPUs per copy of the model and the "
+              "most tensor parallelism within a node that fits, and None where none fits: among them a model whose "
+              "heads limit tp, nodes of 4 GPUs, and a model for which a smaller tp fits where a larger does not.")
