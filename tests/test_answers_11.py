@@ -336,12 +336,11 @@ def _by_table(n: int, sp: bool, lp: bool) -> dict[str, Counter[str]]:
         changes_bwd += [("Shard", "Replicate"), ("Partial" if lp else "Replicate", "Shard")]
     elif lp:
         changes_bwd.append(("Partial", "Replicate"))
-    for change in changes_fwd:
-        forward[collective[change]] += 1  # type: ignore[index]
-    for change in changes_bwd:
-        backward[collective[change]] += 1  # type: ignore[index]
-    forward.pop(None, None)  # type: ignore[call-overload]
-    backward.pop(None, None)  # type: ignore[call-overload]
+    for counts, changes in ((forward, changes_fwd), (backward, changes_bwd)):
+        for change in changes:
+            name = collective[change]
+            if name is not None:  # a slice runs no collective
+                counts[name] += 1
     if lp:
         forward["all_reduce"] += 3
     return {"forward": forward, "backward": backward}
@@ -589,19 +588,19 @@ def _fits(cfg: GPTConfig, layout: Layout, gpu: float) -> bool:
 WRONG_LAYOUTS: dict[str, tuple[Callable[..., Any], str, str]] = {
     "the notebook's stub: data parallelism only": (
         lambda cfg, g, n, gpu: Layout(dp=g * n, zero=1, sequence_parallel=True),
-        "your layout, dp 8 × tp 1 × pp 1, needs 79.9 GB per GPU (state and activations), more than 70.9 GB",
+        "your layout, dp 8 × tp 1 × pp 1, needs 79.9 GB per GPU, 60.5 GB of state and 19.3 GB of activations",
         "section 6's plan"),
     "tp as large as the node, never less": (
         _search(lambda g, k: [min(g, k)] if k % min(g, k) == 0 else [], _fits),
-        "the 175 B model on 8 nodes of 8 GPUs with 70.9 GB each you returned None, but a layout fits",
+        "the 13 B, 20 heads model on 4 nodes of 8 GPUs with 34.9 GB each you returned None, but a layout fits",
         "did your search try every tp within a node"),
     "the least tp first": (_search(lambda g, k: _within_node(g, k)[::-1], _fits),
                            "with as many GPUs per copy of the model a larger tp fits too", "Narayanan et al.'s rule"),
     "the state alone": (_search(_within_node, lambda cfg, lay, gpu: sum(state_bytes_per_gpu(cfg, lay).values()) <= gpu),
-                        "needs 45.1 GB per GPU (state and activations), more than 20.5 GB",
+                        "19.3 GB of activations: more than 70.9 GB",
                         "the model's state and the activations of the most loaded stage"),
     "tp across nodes": (_search(lambda g, k: [t for t in range(k, 0, -1) if k % t == 0], _fits),
-                        "has tp 16, which does not fit within a node of 8 GPUs", "tensor parallelism stays within"),
+                        "has tp 8, which does not fit within a node of 4 GPUs", "tensor parallelism stays within"),
     "layouts layout_plan refuses not skipped": (_search(_within_node, _fits, skip_errors=False),
                                                 "your function raised ValueError: tp (8) must divide the heads (20)",
                                                 "your search must skip those"),

@@ -1026,8 +1026,10 @@ def _layout_verdict(case: tuple[str, GPTConfig, int, int, float], got: Any) -> V
                     "tensor parallelism splits whole heads and the vocabulary; a pipeline stage holds at least one "
                     "block.", "skip the layouts for which layout_plan raises ValueError.")
     if need > gpu:
-        return fail(f"for {where} your layout, {_short(got)}, needs {need / 1e9:.1f} GB per GPU (state and "
-                    f"activations), more than {gpu / 1e9:.1f} GB.",
+        state = sum(state_bytes_per_gpu(cfg, got).values())
+        return fail(f"for {where} your layout, {_short(got)}, needs {need / 1e9:.1f} GB per GPU, "
+                    f"{state / 1e9:.1f} GB of state and {(need - state) / 1e9:.1f} GB of activations: more than "
+                    f"{gpu / 1e9:.1f} GB.",
                     "section 6's plan: the model's state and the activations of the most loaded stage must both "
                     "fit.", "add state_bytes_per_gpu's values and activation_bytes_per_gpu(cfg, layout, 1, 8, "
                     "'1F1B', act=2, res=4), and compare with gpu_bytes.")
