@@ -142,3 +142,20 @@ def define(source: str, name: str, names: dict[str, Any] | None = None) -> Any:
     namespace: dict[str, Any] = {"torch": torch, "nn": nn, **(names or {})}
     exec(compile(source, filename, "exec"), namespace)
     return namespace[name]
+
+
+# --- notebooks 08 and 11: a wrong answer's verdict, with the closer hint held back --------------------------
+
+def rejected_holding_back(verdict: Verdict, message: str, hint: str, closer: bool = True, *,
+                          solution_lines: list[str]) -> None:
+    """``verdict`` fails, its message names the mistake (``message``), its hint the concept (``hint``); the
+    closer hint (if ``closer``) is there but not shown on a first failure; no hint pastes one of the solution's
+    ``solution_lines``. The catalogues bind their own lines: ``partial(rejected_holding_back, solution_lines=...)``."""
+    assert isinstance(verdict, Verdict) and not verdict, verdict
+    assert message in verdict.message, (message, verdict.message)
+    assert hint in verdict.hint, (hint, verdict.hint)
+    if closer:
+        assert verdict.closer and verdict.closer != verdict.hint, verdict
+        assert verdict.closer not in str(verdict)  # the second step waits for %hint or a second failure
+    for line in solution_lines:
+        assert line not in verdict.hint and line not in verdict.closer, (line, verdict)

@@ -15,6 +15,7 @@ takes only the ``def`` from the cell and runs it with the names it is given.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+from answers_helpers import rejected_holding_back
 from conftest import ROOT, notebook_functions
 from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -82,17 +84,7 @@ def _solution_lines() -> list[str]:
 SOLUTION_LINES = _solution_lines()
 
 
-def rejected(verdict: Verdict, message: str, hint: str, closer: bool = True) -> None:
-    """``verdict`` fails, its message names the mistake (``message``), its hint the concept (``hint``); the
-    closer hint (if ``closer``) is there but not shown on a first failure; no hint pastes a solution line."""
-    assert not verdict, verdict
-    assert message in verdict.message, (message, verdict.message)
-    assert hint in verdict.hint, (hint, verdict.hint)
-    if closer:
-        assert verdict.closer and verdict.closer != verdict.hint, verdict
-        assert verdict.closer not in str(verdict)  # the second step waits for %hint or a second failure
-    for line in SOLUTION_LINES:
-        assert line not in verdict.hint and line not in verdict.closer, (line, verdict)
+rejected = functools.partial(rejected_holding_back, solution_lines=SOLUTION_LINES)
 
 
 def test_the_solution_lines_are_read() -> None:

@@ -13,6 +13,7 @@ is graded in one launch of 2 ranks (`_grade_plans`), and exercise 2's counts are
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import Counter
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from answers_helpers import solution_value
+from answers_helpers import rejected_holding_back, solution_value
 from conftest import ROOT, notebook_functions
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -70,17 +71,7 @@ def _solution_lines() -> list[str]:
 SOLUTION_LINES = _solution_lines()
 
 
-def rejected(verdict: Verdict, message: str, hint: str, closer: bool = True) -> None:
-    """``verdict`` fails, its message names the mistake (``message``), its hint the concept (``hint``); the
-    closer hint (if ``closer``) is there but not shown on a first failure; no hint pastes a solution line."""
-    assert isinstance(verdict, Verdict) and not verdict, verdict
-    assert message in verdict.message, (message, verdict.message)
-    assert hint in verdict.hint, (hint, verdict.hint)
-    if closer:
-        assert verdict.closer and verdict.closer != verdict.hint, verdict
-        assert verdict.closer not in str(verdict)  # the second step waits for %hint or a second failure
-    for line in SOLUTION_LINES:
-        assert line not in verdict.hint and line not in verdict.closer, (line, verdict)
+rejected = functools.partial(rejected_holding_back, solution_lines=SOLUTION_LINES)
 
 
 def test_the_solution_lines_are_read() -> None:

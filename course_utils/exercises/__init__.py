@@ -12,15 +12,18 @@ when the student asks for it (``%hint`` in a notebook, after ``%load_ext course_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ..language import localize
 
-__all__ = ["Verdict", "exercise", "fail", "hint_magic", "last_failure", "ok"]
+__all__ = ["TooSlow", "Verdict", "exercise", "fail", "hint_magic", "last_failure", "ok", "time_limit"]
 
 ASK = "Stuck? %hint gives a closer hint; so does your next try, if it fails too."
 
@@ -111,3 +114,28 @@ def hint_magic(line: str = "") -> Verdict | str:
     if verdict is None:
         return "No check has failed in this kernel yet: %hint shows a closer hint after one does."
     return verdict
+
+
+class TooSlow(BaseException):
+    """Raised into a student's function that runs past its `time_limit` (a ``BaseException``, so that the
+    function's own ``except Exception`` does not swallow it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise `TooSlow` in the code inside after ``seconds`` (SIGALRM), so that a checker can say that an answer
+    never returns; no limit off the main thread or where there is no SIGALRM (Windows)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def too_slow(signum: int, frame: object) -> None:
+        raise TooSlow
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

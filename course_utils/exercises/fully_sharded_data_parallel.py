@@ -16,10 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import signal
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import combinations
@@ -33,11 +30,14 @@ from torch import nn
 
 from ..memory.planner import parameter_count, plan_memory
 from ..models import GPT, GPTConfig, token_batch
-from . import Verdict, exercise, fail, ok
+from . import TooSlow, Verdict, exercise, fail, ok, time_limit
 
 __all__ = ["CALL_SECONDS", "FEWEST_CASES", "PLAN_CASES", "TIE_TOLERANCE", "activation_bytes", "check_fewest_gpus",
            "check_memory_plan", "check_resume_on_one_process", "parameter_count", "reference_fewest_gpus",
            "reference_per_rank_bytes"]
+
+CALL_SECONDS = 1.0
+"""How long exercise 1's checker waits for one call (where it can: on the main thread of a Unix process)."""
 
 
 # --- the reference memory model -------------------------------------------------------------------------
@@ -62,35 +62,6 @@ def _valid_call(fn: Any, name: str) -> Verdict | None:
     if not callable(fn):
         return fail(f"expected your function, got {type(fn).__name__}.", f"pass the function itself: {name}")
     return None
-
-
-class _TooSlow(BaseException):
-    """Raised into the student's function when it runs past its time (a BaseException: `except Exception`
-    in the student's code does not swallow it)."""
-
-
-CALL_SECONDS = 1.0
-"""How long exercise 1's checker waits for one call (where it can: on the main thread of a Unix process)."""
-
-
-@contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise `_TooSlow` in the code inside after ``seconds``, by SIGALRM; no limit off the main thread or
-    where there is no SIGALRM (Windows)."""
-    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def too_slow(signum: int, frame: Any) -> None:
-        raise _TooSlow
-
-    previous = signal.signal(signal.SIGALRM, too_slow)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # --- 1. the fewest GPUs for a ZeRO stage ------------------------------------------------------------------
@@ -370,9 +341,9 @@ def check_fewest_gpus(fn: Callable[..., int | None]) -> Verdict:
     for case in FEWEST_CASES:
         n, gpu, stage, counts = case
         try:
-            with _time_limit(CALL_SECONDS):
+            with time_limit(CALL_SECONDS):
                 got = fn(n, gpu, stage, *counts)
-        except _TooSlow:
+        except TooSlow:
             return _too_slow(case)
         except Exception as exc:  # the student's code: report any failure as feedback
             return _raised(case, exc)

@@ -32,9 +32,7 @@ import contextlib
 import copy
 import math
 import numbers
-import signal
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -57,7 +55,7 @@ from torch.distributed.tensor.parallel import (
 from ..distributed import model_parallel_demos as demos
 from ..memory.layout_plan import Layout, activation_bytes_per_gpu, state_bytes_per_gpu
 from ..models import GPT, Block, GPTConfig, token_batch
-from . import Verdict, exercise, fail, ok
+from . import TooSlow, Verdict, exercise, fail, ok, time_limit
 
 __all__ = ["CALL_SECONDS", "COLLECTIVES", "COLLECTIVE_CASES", "LAYOUT_CASES", "LAYOUT_MICROBATCHES",
            "MICROBATCH_CASES", "SCHEDULES", "SWIGLU_SHAPE", "SwiGLU", "check_collectives", "check_layout",
@@ -727,30 +725,6 @@ def _fitting(p: int, act: float, budget: float, m: int) -> list[str]:
     return [s for s in SCHEDULES if _in_flight(s, p, m) * act <= budget]
 
 
-class _TooSlow(BaseException):
-    """Raised into the student's function when it runs past its time (not caught by ``except Exception``)."""
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise `_TooSlow` in the code inside after ``seconds`` (SIGALRM); no limit off the main thread or where
-    there is no SIGALRM (Windows)."""
-    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def too_slow(signum: int, frame: Any) -> None:
-        raise _TooSlow
-
-    previous = signal.signal(signal.SIGALRM, too_slow)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _case_text(case: tuple[int, float, float, float]) -> str:
     p, act, budget, target = case
     return f"microbatches({p}, {act / _GB:.3g} GB, {budget / _GB:.3g} GB, {target:g})"
@@ -881,9 +855,9 @@ def check_microbatches(fn: Callable[[int, float, float, float], Any]) -> Verdict
     answers = []
     for case in MICROBATCH_CASES:
         try:
-            with _time_limit(CALL_SECONDS):
+            with time_limit(CALL_SECONDS):
                 got = fn(*case)
-        except _TooSlow:
+        except TooSlow:
             p, act, budget, target = case
             if not _fitting(p, act, budget, _fewest(p, target)):
                 return fail(f"{_case_text(case)} did not return within {CALL_SECONDS:g} s. No schedule fits here, "
