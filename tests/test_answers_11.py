@@ -192,7 +192,7 @@ class _MyColwise(ColwiseParallel):
     ({"gate": ColwiseParallel, "up": C(), "down": R()}, "is the class ColwiseParallel, not a style made from it",
      "a plan holds ParallelStyle objects"),
     ({"gate": "colwise", "up": C(), "down": R()}, "is str 'colwise', not a ParallelStyle", "each value says how"),
-    ({"mlp.gate": C(), "up": C(), "down": R()}, "SwiGLU has no module named 'mlp.gate'", "print(SwiGLU())"),
+    ({"mlp.gate": C(), "up": C(), "down": R()}, "no module of SwiGLU is named 'mlp.gate'", "print(SwiGLU())"),
     ({"gate": _MyColwise(), "up": C(), "down": R()}, "a _MyColwise defined outside PyTorch",
      "cannot import a class defined in a notebook cell"),
 ])
@@ -585,6 +585,9 @@ WRONG_LAYOUTS: dict[str, tuple[Callable[..., Any], str, str]] = {
         _search(lambda g, k: [min(g, k)] if k % min(g, k) == 0 else [], _fits),
         "the 13 B, 20 heads model on 4 nodes of 8 GPUs with 34.9 GB each you returned None, but a layout fits",
         "did your search try every tp within a node"),
+    "tp at most a node's GPUs, not dividing them": (
+        _search(lambda g, k: [t for t in range(min(g, k), 0, -1) if k % t == 0], _fits),
+        "your layout has tp 4, which does not fit within a node of 6 GPUs", "tensor parallelism stays within a node"),
     "the least tp first": (_search(lambda g, k: _within_node(g, k)[::-1], _fits),
                            "with as many GPUs per copy of the model a larger tp fits too", "Narayanan et al.'s rule"),
     "the state alone": (_search(_within_node, lambda cfg, lay, gpu: sum(state_bytes_per_gpu(cfg, lay).values()) <= gpu),
@@ -659,3 +662,15 @@ def test_layout_cases_hold_what_the_checker_promises() -> None:
     lay = answers[("175 B", 8, 8)]
     assert lay is not None and lay.tp < 8 and lay.tp * lay.pp == 64
     assert any(per_node == 4 for _, _, per_node, _, _ in ex.LAYOUT_CASES)
+
+
+def test_swiglu_plan_keys_may_name_the_module_itself_or_a_pattern() -> None:
+    """parallelize_module reads "" as the module itself and a key as an fnmatch pattern: such plans are not
+    turned away as naming no module (whether they are right is for the ranks to say)."""
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    whole = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Replicate())
+    assert ex._invalid_plan({"": whole, "gate": ColwiseParallel(), "up": ColwiseParallel(),
+                             "down": RowwiseParallel()}) is None
+    assert ex._invalid_plan({"[gu]*": ColwiseParallel(), "down": RowwiseParallel()}) is None
+    assert ex._invalid_plan({"g*x": ColwiseParallel()}) is not None

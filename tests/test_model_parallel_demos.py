@@ -153,7 +153,7 @@ def test_fixed_time_stages_show_the_gpipe_bubble(two_ranks: list[list[Any]]) -> 
         ideal = 1 / (m + 1)  # (p − 1)/(m + p − 1), p = 2
         for measured in M.bubble_fractions([r["timings"]["timeline_ms"] for r in results]):
             # sending and the schedule's own work only add idle time: a few ms per microbatch here
-            assert ideal - 0.02 < measured < ideal + 0.1, (m, measured)
+            assert ideal - 0.02 < measured < ideal + 0.07, (m, measured)
 
 
 def test_interleaving_shrinks_the_bubble_of_1f1b(two_ranks: list[list[Any]]) -> None:

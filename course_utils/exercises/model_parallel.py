@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -191,9 +192,10 @@ def _invalid_plan(plan: Any) -> Verdict | None:
             return fail(f"the plan's value for {name!r} is a {type(style).__name__} defined outside PyTorch.",
                         "the checker sends the plan to new processes, which cannot import a class defined in a "
                         "notebook cell.", "use PyTorch's own styles from torch.distributed.tensor.parallel.")
-    unknown = sorted(set(plan) - set(_LINEARS))
+    # "" is the module itself, and a key may be an fnmatch pattern (parallelize_module's rules)
+    unknown = sorted(k for k in plan if k and not any(fnmatch.fnmatch(name, k) for name in _LINEARS))
     if unknown:
-        return fail(f"SwiGLU has no module named {', '.join(map(repr, unknown))}; its linear layers are "
+        return fail(f"no module of SwiGLU is named {', '.join(map(repr, unknown))}; its linear layers are "
                     f"{', '.join(map(repr, _LINEARS))}.",
                     "a plan's keys are the names of the submodules to split, relative to the module given to "
                     "parallelize_module: print(SwiGLU()) shows them.",
@@ -820,8 +822,8 @@ def _case_verdict(case: tuple[int, float, float, float], got: Any) -> Verdict | 
             return fail(f"{call} returned m = {m}, but fewer microbatches already meet the target"
                         + (": m − 1 gives a bubble exactly equal to it, which meets it (a formula solved for m in "
                            "floating point can round past such a tie)." if tie else "."),
-                        "the fewest m: more microbatches mean smaller ones, each using the GPU less well, and more "
-                        "activations in flight with GPipe. " + _BUBBLE_HINT.split(". ", 1)[1], _BUBBLE_CLOSER)
+                        "the fewest m: a microbatch's size is fixed, so each one more makes the step's batch larger "
+                        "(and GPipe hold more activations). " + _BUBBLE_HINT.split(". ", 1)[1], _BUBBLE_CLOSER)
         return fail(f"{call} returned m = {m}, whose bubble, {_bubble(p, m):.4g}, is above the target.",
                     _BUBBLE_HINT, _BUBBLE_CLOSER)
     if not fits:
@@ -917,6 +919,7 @@ LAYOUT_CASES: tuple[tuple[str, GPTConfig, int, int, float], ...] = (
     ("65 B", _MODELS["65 B"], 8, 1, _gpu(80)),
     ("175 B", _MODELS["175 B"], 8, 8, _gpu(80)),
     ("175 B", _MODELS["175 B"], 8, 64, _gpu(80)),
+    ("7 B", _MODELS["7 B"], 6, 2, _gpu(40)),  # nodes of 6: tp 4 would fit the memory, but not in a node
 )
 """Exercise 4's cases: (the model's name, its shape, GPUs per node, nodes, bytes a GPU has for the step)."""
 
@@ -990,7 +993,7 @@ def _layout_verdict(case: tuple[str, GPTConfig, int, int, float], got: Any) -> V
                     "dp is the cluster's GPUs divided by tp × pp.")
     if got.tp > per_node or per_node % got.tp:
         return fail(f"for {where} your layout has tp {got.tp}, which does not fit within a node of {per_node} GPUs: "
-                    "its all-reduces, four per block in every forward and backward, would cross the network "
+                    "its all-reduces, two per block in every forward and two in every backward, would cross the network "
                     "between nodes (section 1).", "tensor parallelism stays within a node: which tp can a node "
                     "hold whole?", "tp must divide the GPUs of a node.")
     try:
