@@ -1049,4 +1049,4 @@ def check_layout(fn: Callable[[GPTConfig, int, int, float], Any]) -> Verdict:
             return bad
     return ok(f"all {len(LAYOUT_CASES)} clusters get the layout with the fewest GPUs per copy of the model and the "
               "most tensor parallelism within a node that fits, and None where none fits: among them a model whose "
-              "heads limit tp, nodes of 4 GPUs, and a model for which a smaller tp fits where a larger does not.")
+              "heads limit tp, nodes of 4 and of 6 GPUs, and a model for which a smaller tp fits where a larger does not.")
