@@ -87,16 +87,17 @@ def rejected_without_code(verdict: Verdict, mistake: str, concept: str) -> None:
     assert verdict.closer not in shown and exercises.ASK in shown  # asked for with %hint, or a second failure
 
 
-def solution_value(stem: str, name: str) -> Any:
-    """The value ``name`` that a notebook's solution cell assigns (for exercises answered with data)."""
+def solution_value(stem: str, name: str, namespace: dict[str, Any] | None = None) -> Any:
+    """The value ``name`` that a notebook's solution cell assigns (for exercises answered with data);
+    ``namespace``: what the cell uses from the cells before it (the stub cell's imports)."""
     nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         if "solution" in cell["metadata"].get("tags", []) and re.search(rf"^{name} = ", source, re.M):
-            namespace: dict[str, Any] = {}
+            scope = dict(namespace or {})
             code = "\n".join(line for line in source.splitlines() if not re.match(r"[\w.]*check_\w+\(", line))
-            exec(code, namespace)
-            return namespace[name]
+            exec(code, scope)
+            return scope[name]
     raise LookupError(f"{stem} has no solution cell assigning {name}")
 
 

@@ -146,7 +146,8 @@ RIGHT_PLANS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def notebook_plan() -> dict[str, Any]:
-    return solution_value(NB, "plan")
+    # the solution cell uses the stub cell's imports, as it does in the notebook
+    return solution_value(NB, "plan", {"ColwiseParallel": ColwiseParallel, "RowwiseParallel": RowwiseParallel})
 
 
 @pytest.fixture(scope="module")
