@@ -42,7 +42,7 @@ OTHER_CPU = {"OMP_NUM_THREADS": "1", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
 # pass's notebooks instead, so that the two passes end at about the same time (the environment of either is
 # fine for them).
 BALANCED = ["tests/test_ddp_demos.py", "tests/test_ddp_train.py", "tests/test_torchrun.py", "tests/test_answers_07.py",
-            "tests/test_model_parallel_demos.py"]
+            "tests/test_model_parallel_demos.py", "tests/test_answers_11.py"]
 PASSES = {"main": ([*(f"--ignore={t}" for t in BALANCED)], {}), "other-cpu": (["notebooks", *BALANCED], OTHER_CPU)}
 FAILED = re.compile(r"^(FAILED|ERROR) ((?:tests|notebooks)/\S+)", re.M)
 
