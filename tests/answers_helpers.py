@@ -147,6 +147,20 @@ def define(source: str, name: str, names: dict[str, Any] | None = None) -> Any:
 
 # --- notebooks 08 and 11: a wrong answer's verdict, with the closer hint held back --------------------------
 
+def solution_lines(stem: str) -> list[str]:
+    """The code lines of notebook ``stem``'s solution cells, without comments, imports, the checker's call and
+    lines under 12 characters: what no hint may hand over."""
+    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
+    lines = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and "solution" in cell["metadata"].get("tags", []):
+            for line in "".join(cell["source"]).splitlines():
+                code = line.split("#")[0].strip()
+                if len(code) >= 12 and not code.startswith(("check_", "from ", "import ")):
+                    lines.append(code)
+    return lines
+
+
 def rejected_holding_back(verdict: Verdict, message: str, hint: str, closer: bool = True, *,
                           solution_lines: list[str]) -> None:
     """``verdict`` fails, its message names the mistake (``message``), its hint the concept (``hint``); the

@@ -16,7 +16,6 @@ takes only the ``def`` from the cell and runs it with the names it is given.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import shutil
 import tempfile
@@ -32,8 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from answers_helpers import rejected_holding_back
-from conftest import ROOT, notebook_functions
+from answers_helpers import rejected_holding_back, solution_lines
+from conftest import notebook_functions
 from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (
@@ -68,20 +67,7 @@ def _one_thread() -> Any:
     torch.set_num_threads(threads)
 
 
-def _solution_lines() -> list[str]:
-    """The code lines of the notebook's solution cells (comments and short lines left out)."""
-    nb = json.loads((ROOT / "notebooks" / f"{NB}.ipynb").read_text(encoding="utf-8"))
-    lines = []
-    for cell in nb["cells"]:
-        if "solution" in cell["metadata"].get("tags", []):
-            for line in "".join(cell["source"]).splitlines():
-                code = line.split("#")[0].strip()
-                if len(code) >= 12 and not code.startswith("check_"):
-                    lines.append(code)
-    return lines
-
-
-SOLUTION_LINES = _solution_lines()
+SOLUTION_LINES = solution_lines(NB)
 
 
 rejected = functools.partial(rejected_holding_back, solution_lines=SOLUTION_LINES)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from answers_helpers import rejected_holding_back, solution_value
+from answers_helpers import rejected_holding_back, solution_lines, solution_value
 from conftest import ROOT, notebook_functions
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -58,17 +58,7 @@ def _exercise_cell(check: str, solution: bool) -> str:
     return "\n".join(line for line in source.splitlines() if not line.startswith(check))
 
 
-def _solution_lines() -> list[str]:
-    lines = []
-    for source in _cells(True):
-        for line in source.splitlines():
-            code = line.split("#")[0].strip()
-            if len(code) >= 12 and not code.startswith(("check_", "from ", "import ")):
-                lines.append(code)
-    return lines
-
-
-SOLUTION_LINES = _solution_lines()
+SOLUTION_LINES = solution_lines(NB)
 
 
 rejected = functools.partial(rejected_holding_back, solution_lines=SOLUTION_LINES)

@@ -34,11 +34,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
+    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     loss_parallel,
@@ -118,20 +119,34 @@ def block_plan(sequence_parallel: bool = False, prefix: str = "") -> dict[str, P
 
 
 def tensor_parallel_gpt(cfg: GPTConfig, mesh: DeviceMesh, vocab_sharded_head: bool = False,
-                        seed: int = 0) -> GPT:
+                        seed: int = 0, sequence_parallel: bool = False) -> GPT:
     """The course's `GPT` (made after ``torch.manual_seed(seed)``, the weights of any process's GPT) with
-    `TPBlock` blocks, parallelized over ``mesh`` by `block_plan`; embeddings and norms replicated. With
+    `TPBlock` blocks, parallelized over ``mesh`` by `block_plan`; embeddings replicated. With
     ``vocab_sharded_head`` the head is column-wise too and its logits stay a DTensor sharded over the
-    vocabulary (for ``loss_parallel``)."""
+    vocabulary (for ``loss_parallel``).
+
+    With ``sequence_parallel``, the blocks run `block_plan(sequence_parallel=True)` and the edges change:
+    before block 0 each rank keeps its share of the embeddings' output (``PrepareModuleInput``, ``Replicate()``
+    to ``Shard(1)``); the final norm runs on the shares (``SequenceParallel()``); the head gets the whole
+    sequence gathered (``PrepareModuleInput``, ``Shard(1)`` to ``Replicate()``), or, vocabulary-sharded, is
+    column-wise with ``input_layouts=Shard(1)``. Without it the final norm and the head are replicated."""
     torch.manual_seed(seed)
     gpt = GPT(cfg)
     plan: dict[str, ParallelStyle] = {}
     for i, block in enumerate(gpt.blocks):
         assert isinstance(block, Block)
         gpt.blocks[i] = TPBlock.from_block(block)
-        plan |= block_plan(prefix=f"blocks.{i}.")
+        plan |= block_plan(sequence_parallel, prefix=f"blocks.{i}.")
+    seq = Shard(1)
+    if sequence_parallel:
+        plan["blocks.0"] = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=seq)
+        plan["norm"] = SequenceParallel()
     if vocab_sharded_head:
-        plan["head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        plan["head"] = ColwiseParallel(input_layouts=seq if sequence_parallel else Replicate(),
+                                       output_layouts=Shard(-1), use_local_output=False)
+    elif sequence_parallel:
+        plan["head"] = PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate(),
+                                          use_local_output=True)
     parallelize_module(gpt, mesh, plan)  # in place
     return gpt
 

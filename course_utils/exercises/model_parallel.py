@@ -10,7 +10,7 @@ its bubble and its memory.
   shards.
 - Exercise 2, `check_collectives`: the student's ``collectives(n_blocks, sequence_parallel, loss_parallel)``
   predicts what ``CommDebugMode`` counts in one forward and one backward of the course's GPT, tensor-parallel
-  over 2 ranks (`model_parallel_demos.tensor_parallel_gpt`, or `sequence_parallel_gpt` with sequence
+  over 2 ranks (`model_parallel_demos.tensor_parallel_gpt`, or ``sequence_parallel=True`` with sequence
   parallelism). The checker measures `COLLECTIVE_CASES` in one launch (`collectives_worker`), once per
   process, and says which part of a wrong prediction is off: what each block runs, or what runs outside the
   blocks (the embeddings' boundary, the head, the loss).
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fnmatch
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -41,27 +42,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
     RowwiseParallel,
-    SequenceParallel,
     loss_parallel,
     parallelize_module,
 )
 
 from ..distributed import model_parallel_demos as demos
 from ..memory.layout_plan import Layout, activation_bytes_per_gpu, state_bytes_per_gpu
-from ..models import GPT, Block, GPTConfig, token_batch
+from ..models import GPT, GPTConfig, token_batch
 from . import TooSlow, Verdict, exercise, fail, ok, time_limit
 
 __all__ = ["CALL_SECONDS", "COLLECTIVES", "COLLECTIVE_CASES", "LAYOUT_CASES", "LAYOUT_MICROBATCHES",
            "MICROBATCH_CASES", "SCHEDULES", "SWIGLU_SHAPE", "SwiGLU", "check_collectives", "check_layout",
            "check_microbatches", "check_swiglu_plan", "collectives_worker", "measured_collectives",
-           "sequence_parallel_gpt", "swiglu_plan_worker"]
+           "swiglu_plan_worker"]
 
 TOLERANCE = demos.TOLERANCE
 CALL_SECONDS = 1.0
@@ -392,36 +391,6 @@ COLLECTIVE_CASES: tuple[tuple[int, bool, bool], ...] = tuple(
 _MEASURE_CFG = dict(vocab=64, seq_len=9, d_model=32, n_heads=4, batch=2)  # 8 input tokens: 2 and 4 ranks divide them
 
 
-def sequence_parallel_gpt(cfg: GPTConfig, mesh: DeviceMesh, vocab_sharded_head: bool = False, seed: int = 0) -> GPT:
-    """The course's `GPT` (made after ``torch.manual_seed(seed)``) with `model_parallel_demos.TPBlock` blocks
-    under ``block_plan(sequence_parallel=True)``, and at the edges of the blocks:
-
-    - ``blocks.0``: ``PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1))``: the
-      embeddings (replicated, as in `model_parallel_demos.tensor_parallel_gpt`) give every rank the whole
-      sequence, and each rank keeps its share of it;
-    - ``norm``: ``SequenceParallel()``: the final norm runs on each rank's share;
-    - ``head``: replicated, with ``PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())``
-      (the whole sequence gathered for it); with ``vocab_sharded_head``, ``ColwiseParallel(input_layouts=Shard(1),
-      output_layouts=Shard(-1), use_local_output=False)``: logits split over the vocabulary, for
-      ``loss_parallel``."""
-    torch.manual_seed(seed)
-    gpt = GPT(cfg)
-    plan: dict[str, ParallelStyle] = {}
-    for i, block in enumerate(gpt.blocks):
-        assert isinstance(block, Block)
-        gpt.blocks[i] = demos.TPBlock.from_block(block)
-        plan |= demos.block_plan(sequence_parallel=True, prefix=f"blocks.{i}.")
-    plan["blocks.0"] = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1))
-    plan["norm"] = SequenceParallel()
-    if vocab_sharded_head:
-        plan["head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
-    else:
-        plan["head"] = PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate(),
-                                          use_local_output=True)
-    parallelize_module(gpt, mesh, plan)
-    return gpt
-
-
 def _measure(mesh: DeviceMesh, n_blocks: int, sequence_parallel: bool, vocab_parallel: bool) -> dict[str, Any]:
     cfg = GPTConfig(n_layers=n_blocks, **_MEASURE_CFG)
     tokens = token_batch(cfg, torch.Generator().manual_seed(0))
@@ -429,7 +398,7 @@ def _measure(mesh: DeviceMesh, n_blocks: int, sequence_parallel: bool, vocab_par
     reference = GPT(cfg)
     ref_loss = reference.loss(tokens)
     ref_loss.backward()
-    build = sequence_parallel_gpt if sequence_parallel else demos.tensor_parallel_gpt
+    build = functools.partial(demos.tensor_parallel_gpt, sequence_parallel=sequence_parallel)
     gpt = build(cfg, mesh, vocab_sharded_head=vocab_parallel)
     with loss_parallel() if vocab_parallel else contextlib.nullcontext():  # backward too must run inside it
         with CommDebugMode() as fwd:
@@ -448,7 +417,7 @@ def _measure(mesh: DeviceMesh, n_blocks: int, sequence_parallel: bool, vocab_par
 
 def collectives_worker(rank: int, world_size: int, cases: list[tuple[int, bool, bool]]) -> list[dict[str, Any]]:
     """Exercise 2's worker: for each ``(blocks, sequence parallelism, loss parallel)`` of ``cases``, the GPT
-    tensor-parallel over all the ranks (`model_parallel_demos.tensor_parallel_gpt` or `sequence_parallel_gpt`),
+    tensor-parallel over all the ranks (`model_parallel_demos.tensor_parallel_gpt`, with or without ``sequence_parallel``),
     one ``gpt.loss(tokens)`` and its backward counted by ``CommDebugMode``, and whether the loss and the
     gradients equal one process's."""
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
@@ -635,7 +604,7 @@ def check_collectives(fn: Callable[[int, bool, bool], Any]) -> Verdict:
     "backward": {name: count}}``, the collectives ``CommDebugMode`` counts in one ``gpt.loss(tokens)`` and in
     its ``backward()`` for the course's GPT of ``n_blocks`` blocks on a 2-rank "tp" mesh:
     `model_parallel_demos.tensor_parallel_gpt` (``vocab_sharded_head=loss_parallel``), or with sequence
-    parallelism `sequence_parallel_gpt`; under ``loss_parallel()`` when ``loss_parallel``. Names as
+    parallelism ``tensor_parallel_gpt(..., sequence_parallel=True)``; under ``loss_parallel()`` when ``loss_parallel``. Names as
     `COLLECTIVES`; a count of 0 may be left out.
 
     The checker calls ``fn`` on every case of `COLLECTIVE_CASES` first, then measures them (one launch per
