@@ -41,6 +41,8 @@ _WHY_ZH_CN: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in 
     (r"^this cell needs (\d+) CUDA GPUs; this notebook ran with none$", r"此单元格需要 \1 块 CUDA GPU；本笔记本运行时没有 GPU"),
     (r"^this cell needs (\d+) CUDA GPUs; this notebook ran with (\d+)$", r"此单元格需要 \1 块 CUDA GPU；本笔记本运行时只有 \2 块"),
     (r"^(\w+) leaves this cell out$", r"\1 未包含此单元格"),
+    (r"^this cell needs about ([\d.]+) GiB of GPU memory free; this GPU has ([\d.]+) GiB free$",
+     r"此单元格需要约 \1 GiB 空闲显存；这块 GPU 只有 \2 GiB 空闲"),
     (r"^this cell (.+), so it runs only when asked: run `%env (\w+)=1` in this notebook, then this cell again$",
      r"此单元格较慢（\1），因此只在需要时运行：在本笔记本中运行 `%env \2=1`，再运行此单元格"),
 ]]

@@ -29,6 +29,10 @@ In a notebook (after ``%load_ext course_utils``)::
   and why). On a GPU it shows its recording too, and runs only when asked: ``COURSE_SLOW_CELLS=1`` in the
   environment (``%env COURSE_SLOW_CELLS=1`` in the notebook, ``make gpu-check SLOW=1``), or its name in
   ``COURSE_GPU_CELLS``.
+- ``%%gpu NAME --needs-gib N`` marks a cell whose point needs about N GiB of GPU memory (a Colab T4 has about
+  15). On a GPU where this process can allocate less (what the driver reports free, plus what its own allocator
+  holds unused), the cell shows its recording, with a banner saying how much it needs and how much is free;
+  named in ``COURSE_GPU_CELLS``, it runs anyway.
 
 Rule for notebook authors: a ``%%gpu`` cell is a leaf. Later cells must not use names it defines,
 because on a CPU-only machine its code does not run.
@@ -275,13 +279,35 @@ def _skips_slow(name: str, slow: str) -> bool:
     return bool(slow) and not _slow_cells_wanted() and not (only is not None and name in only)
 
 
-def _why_not_here(gpus: int, have: int, name: str = "", slow: str = "") -> str:
+def _usable_gib() -> float:
+    """GiB this process can still allocate on its current CUDA GPU: what the driver reports free, plus what its
+    own caching allocator holds unused (reserved but not allocated)."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    return (free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()) / 2**30
+
+
+def _too_little_memory(name: str, needs_gib: float) -> float | None:
+    """The GiB usable here when a ``--needs-gib`` cell has fewer than it needs (and is not named in
+    ``COURSE_GPU_CELLS``), else None."""
+    only = _only_these()
+    if needs_gib <= 0 or (only is not None and name in only):
+        return None
+    usable = _usable_gib()
+    return usable if usable < needs_gib else None
+
+
+def _why_not_here(gpus: int, have: int, name: str = "", slow: str = "", needs_gib: float = 0.0,
+                  usable_gib: float | None = None) -> str:
     only = _only_these()
     if only is not None and name not in only and have >= gpus:
         return f"{ONLY_ENV} leaves this cell out"
     if have >= gpus and _skips_slow(name, slow):
         return (f"this cell {slow.rstrip('.')}, so it runs only when asked: run `%env {SLOW_ENV}=1` "
                 "in this notebook, then this cell again")
+    if have >= gpus and usable_gib is not None and usable_gib < needs_gib:
+        return f"this cell needs about {needs_gib:g} GiB of GPU memory free; this GPU has {usable_gib:.1f} GiB free"
     if gpus == 1:
         return "this notebook ran without a CUDA GPU"
     return f"this cell needs {gpus} CUDA GPUs; this notebook ran with {have or 'none'}"
@@ -323,9 +349,10 @@ def folded(text: str, name: str, stream: str = "stdout") -> str:
             f"course_utils.recording.load_recording({name!r}).outputs has them all ...]\n" + "".join(lines[-3:]))
 
 
-def show_recording(name: str, gpus: int = 1, shows: str = "", slow: str = "") -> None:
+def show_recording(name: str, gpus: int = 1, shows: str = "", slow: str = "", needs_gib: float = 0.0,
+                   usable_gib: float | None = None) -> None:
     """Display a recording with its label, or a note when it is missing or unreadable. Never raises."""
-    why = _why_not_here(gpus, _have_gpus(), name, slow)
+    why = _why_not_here(gpus, _have_gpus(), name, slow, needs_gib, usable_gib)
     try:
         rec = load_recording(name)
     except (RecordingError, ValueError):
@@ -441,10 +468,11 @@ def _show_new_figures(before: set[int]) -> None:
 
 
 def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int = 1, shows: str = "",
-                  slow: str = "") -> None:
+                  slow: str = "", needs_gib: float = 0.0) -> None:
     """Run ``source`` in ``namespace`` when ``gpus`` CUDA GPUs are visible, else show its recording (or,
     without one, a note saying what the cell ``shows``). A ``slow`` cell (its text says why) runs only when
     asked for (``COURSE_SLOW_CELLS=1``, or its name in ``COURSE_GPU_CELLS``) and otherwise shows its recording.
+    A cell that ``needs_gib`` GiB of GPU memory shows its recording where fewer are usable (unless named there).
 
     With ``COURSE_RECORD=1`` set, a real run also saves the outputs as the recording ``name``.
     Errors raised by the code are re-raised after its outputs are shown (and recorded).
@@ -455,6 +483,10 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
     only = _only_these()
     if _have_gpus() < gpus or (only is not None and name not in only) or _skips_slow(name, slow):
         show_recording(name, gpus, shows, slow)
+        return
+    usable = _too_little_memory(name, needs_gib)
+    if usable is not None:
+        show_recording(name, gpus, shows, slow, needs_gib, usable)
         return
     plt = sys.modules.get("matplotlib.pyplot")
     before = set(plt.get_fignums()) if plt is not None else set()
@@ -490,41 +522,49 @@ class GpuLine(NamedTuple):
     gpus: int = 1
     shows: str = ""
     slow: str = ""
+    needs_gib: float = 0.0
 
 
 def parse_gpu_line(line: str) -> GpuLine:
-    """``NAME [--gpus N] [--shows "WHAT"] [--slow "WHY"]`` (the ``%%gpu`` line) → `GpuLine`; ValueError if bad."""
+    """``NAME [--gpus N] [--shows "WHAT"] [--slow "WHY"] [--needs-gib N]`` (the ``%%gpu`` line) → `GpuLine`;
+    ValueError if bad."""
     args = shlex.split(line)
-    gpus, texts = 1, {"--shows": "", "--slow": ""}
+    gpus, needs_gib, texts = 1, 0.0, {"--shows": "", "--slow": ""}
     try:
-        for flag in ("--gpus", "--shows", "--slow"):
+        for flag in ("--gpus", "--shows", "--slow", "--needs-gib"):
             if flag in args:
                 i = args.index(flag)
                 if flag == "--gpus":
                     gpus = int(args[i + 1])
+                elif flag == "--needs-gib":
+                    needs_gib = float(args[i + 1])
+                    if not 0 < needs_gib < float("inf"):
+                        raise ValueError
                 else:
                     texts[flag] = args[i + 1]
                 del args[i:i + 2]
         (name,) = args
     except (ValueError, IndexError):
         raise ValueError(f"bad %%gpu line: {line!r}") from None
-    return GpuLine(name, gpus, texts["--shows"], texts["--slow"])
+    return GpuLine(name, gpus, texts["--shows"], texts["--slow"], needs_gib)
 
 
 def gpu_cell_magic(line: str, cell: str) -> None:
-    """``%%gpu NAME [--gpus N] [--shows "WHAT"] [--slow "WHY"]``: run the cell on a GPU host, show its recording
-    elsewhere (``--shows`` says, where there is no recording, what the cell would show; ``--slow`` makes a
-    cell that takes minutes run only when asked, see the module's text)."""
+    """``%%gpu NAME [--gpus N] [--shows "WHAT"] [--slow "WHY"] [--needs-gib N]``: run the cell on a GPU host, show
+    its recording elsewhere (``--shows`` says, where there is no recording, what the cell would show; ``--slow``
+    makes a cell that takes minutes run only when asked; ``--needs-gib`` makes a cell that needs more GPU memory
+    than a small GPU has show its recording there; see the module's text)."""
     from IPython import get_ipython
 
     try:
-        name, gpus, shows, slow = parse_gpu_line(line)
+        name, gpus, shows, slow, needs_gib = parse_gpu_line(line)
     except ValueError:
-        raise ValueError(f'usage: %%gpu NAME [--gpus N] [--shows "WHAT"] [--slow "WHY"], got \'%%gpu {line}\'') from None
+        raise ValueError('usage: %%gpu NAME [--gpus N] [--shows "WHAT"] [--slow "WHY"] [--needs-gib N], '
+                         f"got '%%gpu {line}'") from None
     shell = get_ipython()
     namespace = shell.user_ns if shell is not None else {}
     try:
-        run_or_replay(name, cell, namespace, gpus, shows, slow)
+        run_or_replay(name, cell, namespace, gpus, shows, slow, needs_gib)
     except Exception:
         # Show a plain traceback of the cell's own code (not of this magic) and fail the cell.
         if shell is not None:

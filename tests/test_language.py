@@ -54,15 +54,18 @@ def test_a_verdict_speaks_the_notebooks_language_around_the_checkers_own_words(c
     (2, 1, "a", "", {}),
     (1, 1, "a", "", {recording.ONLY_ENV: "b"}),
     (1, 1, "a", "compiles for about 7 minutes on an H200", {}),
+    (1, 1, "a", "", {"needs": "19 14.93"}),
 ])
 def test_every_reason_a_banner_gives_is_translated(gpus: int, have: int, name: str, slow: str,
                                                    env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The reasons come from recording's own code, so a reworded reason without its translation fails here."""
     for key in (recording.ONLY_ENV, recording.SLOW_ENV):
         monkeypatch.delenv(key, raising=False)
+    env = dict(env)
+    needs, usable = map(float, env.pop("needs", "0 0").split())  # GiB a --needs-gib cell needs, and has
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    why = recording._why_not_here(gpus, have, name, slow)
+    why = recording._why_not_here(gpus, have, name, slow, needs, usable if needs else None)
     banner = f"Recorded output ({why}), recorded on {LABEL} (renamed since: a.b is now a.c; d is now e):"
     assert BANNER.fullmatch(banner)
     zh = localize(banner, "zh_CN")

@@ -59,7 +59,7 @@ def test_a_gpu_cell_without_a_recording_says_what_it_shows():
             first = "".join(cell["source"]).partition("\n")[0]
             if not first.startswith("%%gpu"):
                 continue
-            name, _, shows, _ = parse_gpu_line(first.removeprefix("%%gpu"))
+            name, _, shows, *_ = parse_gpu_line(first.removeprefix("%%gpu"))
             try:
                 load_recording(name)
             except (RecordingError, ValueError):

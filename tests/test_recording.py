@@ -54,14 +54,19 @@ def test_missing_recording_says_what_the_cell_shows_and_where_it_runs(shell, mon
     assert not any(word in texts[0] for word in ("make", "maintainer", "course_utils/recorded"))
 
 
-@pytest.mark.parametrize("line, parsed", [("01-a", ("01-a", 1, "", "")), ("01-a --gpus 2", ("01-a", 2, "", "")),
-                                          ('01-a --shows "x y" --gpus 4', ("01-a", 4, "x y", "")),
-                                          ('01-a --slow "takes 7 min" --shows s', ("01-a", 1, "s", "takes 7 min"))])
+@pytest.mark.parametrize("line, parsed", [("01-a", ("01-a", 1, "", "", 0.0)),
+                                          ("01-a --gpus 2", ("01-a", 2, "", "", 0.0)),
+                                          ('01-a --shows "x y" --gpus 4', ("01-a", 4, "x y", "", 0.0)),
+                                          ('01-a --slow "takes 7 min" --shows s', ("01-a", 1, "s", "takes 7 min", 0.0)),
+                                          ('01-a --needs-gib 19 --shows s', ("01-a", 1, "s", "", 19.0)),
+                                          ('01-a --needs-gib 7.5', ("01-a", 1, "", "", 7.5))])
 def test_parse_gpu_line(line, parsed):
     assert rec.parse_gpu_line(line) == parsed
 
 
-@pytest.mark.parametrize("line", ["", "a b", "01-a --gpus", "01-a --gpus two", "01-a --shows", "01-a --slow"])
+@pytest.mark.parametrize("line", ["", "a b", "01-a --gpus", "01-a --gpus two", "01-a --shows", "01-a --slow",
+                                  "01-a --needs-gib", "01-a --needs-gib lots", "01-a --needs-gib 0",
+                                  "01-a --needs-gib -4", "01-a --needs-gib inf", "01-a --needs-gib nan"])
 def test_parse_gpu_line_rejects(line):
     with pytest.raises(ValueError):
         rec.parse_gpu_line(line)
@@ -218,6 +223,30 @@ def test_a_slow_cell_shows_its_recording_on_a_gpu_until_asked(shell, monkeypatch
     monkeypatch.setenv("COURSE_SLOW_CELLS", "1")  # asked for: it runs
     result, cap, _ = run(shell, '%%gpu 99-slow --slow "compiles for 7 minutes"\nprint("ran again")')
     assert result.success and cap.stdout == "ran again\n"
+
+
+def test_a_cell_that_needs_more_gpu_memory_than_is_free_shows_its_recording(shell, monkeypatch, tmp_path):
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.delenv("COURSE_GPU_CELLS", raising=False)
+    monkeypatch.setattr(rec, "_usable_gib", lambda: 40.0)  # a large GPU: it runs
+    monkeypatch.setenv("COURSE_RECORD", "1")
+    result, cap, _ = run(shell, "%%gpu 99-big --needs-gib 19\nprint('measured')")
+    assert result.success and cap.stdout == "measured\n"
+    monkeypatch.delenv("COURSE_RECORD")
+    monkeypatch.setattr(rec, "_usable_gib", lambda: 14.93)  # a 16 GB card: the recording, and why
+    cell = "%%gpu 99-big --needs-gib 19\nraise SystemExit('must not run')"
+    result, cap, texts = run(shell, cell)
+    assert result.success and cap.stdout == "measured\n"
+    assert texts[0].startswith("Recorded output (this cell needs about 19 GiB of GPU memory free; "
+                               "this GPU has 14.9 GiB free), recorded on ")
+    monkeypatch.setenv("COURSE_GPU_CELLS", "99-big")  # named: a maintainer asked for it, so it runs
+    result, cap, _ = run(shell, "%%gpu 99-big --needs-gib 19\nprint('ran although small')")
+    assert result.success and cap.stdout == "ran although small\n"
+    fake_gpus(monkeypatch, 0)  # no GPU: the usual reason, and no memory query
+    monkeypatch.delenv("COURSE_GPU_CELLS")
+    monkeypatch.setattr(rec, "_usable_gib", lambda: pytest.fail("asked a missing GPU for its memory"))
+    _, _, texts = run(shell, cell)
+    assert texts[0].startswith("Recorded output (this notebook ran without a CUDA GPU)")
 
 
 def test_a_long_recorded_stream_is_shown_folded(shell, monkeypatch, tmp_path):
