@@ -16,7 +16,9 @@ In a notebook (after ``%load_ext course_utils``)::
   the hardware and software it was recorded on, then the outputs (text, plots, error messages) in order.
   A missing or unreadable recording shows a note saying so; it never raises.
 - A recorded stream (stdout or stderr) longer than `FOLD_LINES` lines, a compiler's log for instance, is shown
-  folded: its first and last lines, and how many are left out (``load_recording(name)`` has them all).
+  folded: its first and last lines, and how many are left out (``load_recording(name)`` has them all). A cell
+  that runs for real folds its streams the same way as they come: the first `FOLD_LINES` lines as they are
+  written, then a line saying how many more there were, and the last three (``last_run(name)`` has them all).
 - With ``COURSE_RECORD=1`` in the environment (``make record`` on a GPU host), a cell that runs for
   real also writes its outputs to its recording file. ``COURSE_RECORDINGS_DIR`` moves that folder.
 - With ``COURSE_GPU_CELLS=name,name,...`` set, only the ``%%gpu`` cells named there run on a GPU host; the
@@ -69,6 +71,7 @@ __all__ = [
     "folded",
     "gpu_cell_magic",
     "hardware_meta",
+    "last_run",
     "load_recording",
     "not_recorded_note",
     "note_rename",
@@ -177,6 +180,16 @@ def load_recording(name: str) -> Recording:
         raise RecordingError(f"the recording {path.name} is unreadable ({type(exc).__name__}: {exc}); "
                              "re-create it with `make record` on a GPU host") from None
     return Recording(name=name, meta=meta, outputs=outputs)
+
+
+_LIVE: dict[str, Recording] = {}
+"""The streams of each ``%%gpu`` cell that ran for real in this process, by name (`last_run`)."""
+
+
+def last_run(name: str) -> Recording:
+    """The outputs of the ``%%gpu`` cell ``name``: of its run in this process if it ran here for real (its streams,
+    unfolded; ``meta["live"]`` is True), else its recording (`load_recording`, which may raise `RecordingError`)."""
+    return _LIVE[name] if name in _LIVE else load_recording(name)
 
 
 def hardware_meta(gpus: int = 1) -> dict[str, Any]:
@@ -404,6 +417,54 @@ class _Sink(io.TextIOBase):
         return len(text)
 
 
+class _FoldingStream(io.TextIOBase):
+    """A live cell's stream: text goes through to ``target`` until `FOLD_LINES` lines have gone out, the rest is
+    held back (`end` shows how much, and its last lines); everything is also kept in ``outputs``."""
+
+    def __init__(self, name: str, target: Any, outputs: list[dict[str, Any]]) -> None:
+        self.name_, self.target, self.sink = name, target, _Sink(name, outputs)
+        self.lines_out, self.held = 0, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.sink.write(text)
+        size = len(text)
+        while text and self.lines_out < FOLD_LINES:
+            line, newline, text = text.partition("\n")
+            self.target.write(line + newline)
+            self.lines_out += bool(newline)
+        self.held += text
+        return size
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def end(self, cell: str) -> None:
+        """Show what was held back: all of it when it is three lines or fewer, else how many lines, and the last 3."""
+        lines = self.held.splitlines(keepends=True)
+        if len(lines) > 3:
+            self.target.write(f"[... {len(lines) - 3} more lines of {self.name_}; "
+                              f"course_utils.recording.last_run({cell!r}).outputs has them all ...]\n")
+        self.target.write("".join(lines[-3:]))
+        self.target.flush()
+
+
+@contextmanager
+def _folding(name: str, outputs: list[dict[str, Any]]) -> Iterator[None]:
+    """Fold stdout and stderr while the block runs (`_FoldingStream`), keeping them whole in ``outputs``."""
+    saved = sys.stdout, sys.stderr
+    streams = _FoldingStream("stdout", saved[0], outputs), _FoldingStream("stderr", saved[1], outputs)
+    sys.stdout, sys.stderr = streams
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+        for stream in streams:
+            stream.end(name)
+
+
 @contextmanager
 def _capture(outputs: list[dict[str, Any]]) -> Iterator[None]:
     """Capture stdout, stderr and rich displays, in order, into ``outputs``."""
@@ -491,7 +552,10 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
     plt = sys.modules.get("matplotlib.pyplot")
     before = set(plt.get_fignums()) if plt is not None else set()
     if os.environ.get(RECORD_ENV, "") not in ("1", "true", "yes"):
-        _execute(source, namespace)
+        streams: list[dict[str, Any]] = []
+        _LIVE[name] = Recording(name, {**hardware_meta(gpus), "live": True}, streams)
+        with _folding(name, streams):
+            _execute(source, namespace)
         _show_new_figures(before)
         return
     outputs: list[dict[str, Any]] = []

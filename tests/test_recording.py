@@ -249,6 +249,30 @@ def test_a_cell_that_needs_more_gpu_memory_than_is_free_shows_its_recording(shel
     assert texts[0].startswith("Recorded output (this notebook ran without a CUDA GPU)")
 
 
+def test_a_long_stream_of_a_live_run_is_folded_as_it_comes_and_kept_whole(shell, monkeypatch, tmp_path):
+    fake_gpus(monkeypatch, 1)
+    for key in ("COURSE_RECORD", "COURSE_GPU_CELLS", "COURSE_SLOW_CELLS"):
+        monkeypatch.delenv(key, raising=False)
+    cell = ("%%gpu 99-chatty\nimport sys\nfor i in range(100):\n    print('tuning', end='', file=sys.stderr)\n"
+            "    print(f' {i}', file=sys.stderr)\nprint('done')")
+    result, cap, _ = run(shell, cell)
+    assert result.success and cap.stdout == "done\n"
+    shown = cap.stderr.splitlines()
+    assert shown[:rec.FOLD_LINES] == [f"tuning {i}" for i in range(rec.FOLD_LINES)]
+    assert shown[rec.FOLD_LINES:] == ["[... 57 more lines of stderr; course_utils.recording.last_run('99-chatty')"
+                                      ".outputs has them all ...]", "tuning 97", "tuning 98", "tuning 99"]
+    whole = rec.last_run("99-chatty")
+    assert whole.meta["live"] and [o["name"] for o in whole.outputs] == ["stderr", "stdout"]
+    assert whole.outputs[0]["text"] == "".join(f"tuning {i}\n" for i in range(100))
+    assert not (tmp_path / "99-chatty.json").exists()  # a live run is not a recording
+    result, cap, _ = run(shell, "%%gpu 99-short\nprint('\\n'.join(map(str, range(43))))")  # 3 over: shown whole
+    assert cap.stdout == "".join(f"{i}\n" for i in range(43))
+    (tmp_path / "99-elsewhere.json").write_text(json.dumps({"meta": {"device": "X"}, "outputs": []}))
+    assert rec.last_run("99-elsewhere").meta == {"device": "X"}  # not run here: its recording
+    with pytest.raises(rec.RecordingError):
+        rec.last_run("99-never")
+
+
 def test_a_long_recorded_stream_is_shown_folded(shell, monkeypatch, tmp_path):
     fake_gpus(monkeypatch, 0)
     log = "".join(f"line {i}\n" for i in range(1, 101))
