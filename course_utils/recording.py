@@ -17,8 +17,10 @@ In a notebook (after ``%load_ext course_utils``)::
   A missing or unreadable recording shows a note saying so; it never raises.
 - A recorded stream (stdout or stderr) longer than `FOLD_LINES` lines, a compiler's log for instance, is shown
   folded: its first and last lines, and how many are left out (``load_recording(name)`` has them all). A cell
-  that runs for real folds its streams the same way as they come: the first `FOLD_LINES` lines as they are
+  that runs for real folds its long streams too, as they come: the first `FOLD_LINES` lines as they are
   written, then a line saying how many more there were, and the last three (``last_run(name)`` has them all).
+  Only what goes through ``sys.stdout``/``sys.stderr`` is folded; a subprocess's or a C++ library's own
+  writes to the terminal are not.
 - With ``COURSE_RECORD=1`` in the environment (``make record`` on a GPU host), a cell that runs for
   real also writes its outputs to its recording file. ``COURSE_RECORDINGS_DIR`` moves that folder.
 - With ``COURSE_GPU_CELLS=name,name,...`` set, only the ``%%gpu`` cells named there run on a GPU host; the
@@ -48,11 +50,13 @@ import html
 import io
 import json
 import linecache
+import math
 import os
 import platform
 import re
 import shlex
 import sys
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -183,13 +187,22 @@ def load_recording(name: str) -> Recording:
 
 
 _LIVE: dict[str, Recording] = {}
-"""The streams of each ``%%gpu`` cell that ran for real in this process, by name (`last_run`)."""
+"""The streams of each ``%%gpu`` cell that ran for real in this process, and ended without an error, by name."""
 
 
 def last_run(name: str) -> Recording:
-    """The outputs of the ``%%gpu`` cell ``name``: of its run in this process if it ran here for real (its streams,
-    unfolded; ``meta["live"]`` is True), else its recording (`load_recording`, which may raise `RecordingError`)."""
+    """The outputs of the ``%%gpu`` cell ``name``: of its last run in this process if it ran here for real and
+    ended without an error (its streams, unfolded; ``meta["live"]`` is True), else its recording
+    (`load_recording`, which may raise `RecordingError`)."""
     return _LIVE[name] if name in _LIVE else load_recording(name)
+
+
+def _live_meta() -> dict[str, Any]:
+    """A live run's label: the GPU and PyTorch (no driver query: it runs after every live cell)."""
+    import torch
+
+    return {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "live": True}
 
 
 def hardware_meta(gpus: int = 1) -> dict[str, Any]:
@@ -292,22 +305,28 @@ def _skips_slow(name: str, slow: str) -> bool:
     return bool(slow) and not _slow_cells_wanted() and not (only is not None and name in only)
 
 
-def _usable_gib() -> float:
-    """GiB this process can still allocate on its current CUDA GPU: what the driver reports free, plus what its
-    own caching allocator holds unused (reserved but not allocated)."""
+def _usable_gib(gpus: int = 1) -> float:
+    """GiB this process can still allocate on each of CUDA GPUs 0 … ``gpus`` − 1, the least of them: what the
+    driver reports free, plus what this process's caching allocator holds unused (reserved, not allocated).
+    An upper bound: cached blocks that are partly in use cannot be handed out (a plan's margin covers that)."""
     import torch
 
-    free, _ = torch.cuda.mem_get_info()
-    return (free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()) / 2**30
+    usable = []
+    for i in range(gpus):
+        free, _ = torch.cuda.mem_get_info(i)
+        usable.append(free + torch.cuda.memory_reserved(i) - torch.cuda.memory_allocated(i))
+    return min(usable) / 2**30
 
 
-def _too_little_memory(name: str, needs_gib: float) -> float | None:
-    """The GiB usable here when a ``--needs-gib`` cell has fewer than it needs (and is not named in
-    ``COURSE_GPU_CELLS``), else None."""
+def _too_little_memory(name: str, needs_gib: float, gpus: int = 1) -> float | None:
+    """The GiB usable here (rounded down to 0.1) when a ``--needs-gib`` cell has fewer than it needs, else None.
+    A recording run, or the cell named in ``COURSE_GPU_CELLS``, always runs it: a maintainer asked for it, and a
+    GPU too small for it must fail loudly rather than keep an old recording."""
     only = _only_these()
-    if needs_gib <= 0 or (only is not None and name in only):
+    recording = os.environ.get(RECORD_ENV, "") in ("1", "true", "yes")
+    if needs_gib <= 0 or recording or (only is not None and name in only):
         return None
-    usable = _usable_gib()
+    usable = math.floor(_usable_gib(gpus) * 10) / 10
     return usable if usable < needs_gib else None
 
 
@@ -343,11 +362,11 @@ def _hardware(gpus: int) -> str:
     return f"a machine with {gpus} NVIDIA GPUs (a lab or cloud server; Colab gives one)"
 
 
-def not_recorded_note(name: str, gpus: int, have: int, shows: str = "") -> str:
-    """What a student reads where a ``%%gpu`` cell has no usable recording: what it would show, and where
-    it runs. (How maintainers make recordings is in the README, not here.)"""
+def not_recorded_note(name: str, gpus: int, have: int, shows: str = "", why: str = "") -> str:
+    """What a student reads where a ``%%gpu`` cell has no usable recording: why it did not run (``why``, else
+    the GPU count), what it would show, and where it runs. (How maintainers make recordings is in the README.)"""
     would = f"it shows {shows.rstrip('.')}" if shows else "it runs the code above"
-    return (f"Not run: {_why_not_here(gpus, have)}. On {_hardware(gpus)} {would}. "
+    return (f"Not run: {why or _why_not_here(gpus, have)}. On {_hardware(gpus)} {would}. "
             f"No output of this cell ({name}) from such a machine comes with the course yet.")
 
 
@@ -369,7 +388,7 @@ def show_recording(name: str, gpus: int = 1, shows: str = "", slow: str = "", ne
     try:
         rec = load_recording(name)
     except (RecordingError, ValueError):
-        _banner(not_recorded_note(name, gpus, _have_gpus(), shows), "#c0392b")
+        _banner(not_recorded_note(name, gpus, _have_gpus(), shows, why), "#c0392b")
         return
     renamed = "; ".join(f"{r['old']} is now {r['new']}" for r in rec.meta.get("renamed_since", []))
     since = f" (renamed since: {renamed})" if renamed else ""
@@ -403,11 +422,15 @@ class _Sink(io.TextIOBase):
     def __init__(self, name: str, outputs: list[dict[str, Any]]) -> None:
         self.name_ = name
         self.outputs = outputs
+        self.after: Any = None  # once the cell has ended: where a late write goes (a log handler made in the cell)
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
+        if self.after is not None:
+            self.after.write(text)
+            return len(text)
         if text:
             last = self.outputs[-1] if self.outputs else None
             if last and last["output_type"] == "stream" and last["name"] == self.name_:
@@ -421,33 +444,48 @@ class _FoldingStream(io.TextIOBase):
     """A live cell's stream: text goes through to ``target`` until `FOLD_LINES` lines have gone out, the rest is
     held back (`end` shows how much, and its last lines); everything is also kept in ``outputs``."""
 
+    SHOWN_AT_END = 3  # lines of what was held back, shown when the cell ends
+
     def __init__(self, name: str, target: Any, outputs: list[dict[str, Any]]) -> None:
         self.name_, self.target, self.sink = name, target, _Sink(name, outputs)
-        self.lines_out, self.held = 0, ""
+        self.lines_out = self.lines_held = 0
+        self.tail: deque[str] = deque(maxlen=self.SHOWN_AT_END + 2)  # the last lines held back, the open one too
+        self.ended = False
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
+        if self.ended:  # written after the cell (a log handler made in it): straight through
+            self.target.write(text)
+            return len(text)
         self.sink.write(text)
         size = len(text)
         while text and self.lines_out < FOLD_LINES:
             line, newline, text = text.partition("\n")
             self.target.write(line + newline)
             self.lines_out += bool(newline)
-        self.held += text
+        for part in text.splitlines(keepends=True):  # lines end at "\n" only: "\r" rewrites one line
+            if self.tail and not self.tail[-1].endswith("\n"):
+                self.tail[-1] += part
+            else:
+                self.tail.append(part)
+            self.lines_held += part.endswith("\n")
         return size
 
     def flush(self) -> None:
         self.target.flush()
 
     def end(self, cell: str) -> None:
-        """Show what was held back: all of it when it is three lines or fewer, else how many lines, and the last 3."""
-        lines = self.held.splitlines(keepends=True)
-        if len(lines) > 3:
-            self.target.write(f"[... {len(lines) - 3} more lines of {self.name_}; "
+        """Show what was held back: all of it when it is a few lines, else how many lines, and the last ones."""
+        self.ended = True
+        pieces = list(self.tail)
+        held = self.lines_held + (bool(pieces) and not pieces[-1].endswith("\n"))
+        if held > self.SHOWN_AT_END + 1:  # the fold line stands for two lines or more
+            self.target.write(f"[... {held - self.SHOWN_AT_END} more lines of {self.name_}; "
                               f"course_utils.recording.last_run({cell!r}).outputs has them all ...]\n")
-        self.target.write("".join(lines[-3:]))
+            pieces = pieces[-self.SHOWN_AT_END:]
+        self.target.write("".join(pieces))
         self.target.flush()
 
 
@@ -482,12 +520,14 @@ def _capture(outputs: list[dict[str, Any]]) -> Iterator[None]:
 
     shell = get_ipython()
     saved = sys.stdout, sys.stderr, getattr(shell, "display_pub", None)
-    sys.stdout, sys.stderr = _Sink("stdout", outputs), _Sink("stderr", outputs)
+    sinks = _Sink("stdout", outputs), _Sink("stderr", outputs)
+    sys.stdout, sys.stderr = sinks
     if shell is not None:
         shell.display_pub = _Publisher()
     try:
         yield
     finally:
+        sinks[0].after, sinks[1].after = saved[0], saved[1]
         sys.stdout, sys.stderr = saved[0], saved[1]
         if shell is not None:
             shell.display_pub = saved[2]
@@ -545,18 +585,19 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
     if _have_gpus() < gpus or (only is not None and name not in only) or _skips_slow(name, slow):
         show_recording(name, gpus, shows, slow)
         return
-    usable = _too_little_memory(name, needs_gib)
+    usable = _too_little_memory(name, needs_gib, gpus)
     if usable is not None:
         show_recording(name, gpus, shows, slow, needs_gib, usable)
         return
     plt = sys.modules.get("matplotlib.pyplot")
     before = set(plt.get_fignums()) if plt is not None else set()
+    _LIVE.pop(name, None)  # from now on, this run (if it ends well) or the recording
     if os.environ.get(RECORD_ENV, "") not in ("1", "true", "yes"):
         streams: list[dict[str, Any]] = []
-        _LIVE[name] = Recording(name, {**hardware_meta(gpus), "live": True}, streams)
         with _folding(name, streams):
             _execute(source, namespace)
         _show_new_figures(before)
+        _LIVE[name] = Recording(name, _live_meta(), streams)
         return
     outputs: list[dict[str, Any]] = []
     error: BaseException | None = None

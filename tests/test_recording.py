@@ -17,6 +17,7 @@ import course_utils.recording as rec
 def shell(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_RECORDINGS_DIR", str(tmp_path))
     monkeypatch.delenv("COURSE_RECORD", raising=False)
+    monkeypatch.setattr(rec, "_LIVE", {})  # no live run of an earlier test
     sh = InteractiveShell.instance()
     sh.run_cell("%matplotlib inline")  # as in a Jupyter kernel: figures display as PNG
     sh.run_cell("%load_ext course_utils")
@@ -228,25 +229,77 @@ def test_a_slow_cell_shows_its_recording_on_a_gpu_until_asked(shell, monkeypatch
 def test_a_cell_that_needs_more_gpu_memory_than_is_free_shows_its_recording(shell, monkeypatch, tmp_path):
     fake_gpus(monkeypatch, 1)
     monkeypatch.delenv("COURSE_GPU_CELLS", raising=False)
-    monkeypatch.setattr(rec, "_usable_gib", lambda: 40.0)  # a large GPU: it runs
+    monkeypatch.setattr(rec, "_usable_gib", lambda gpus=1: 40.0)  # a large GPU: it runs
     monkeypatch.setenv("COURSE_RECORD", "1")
     result, cap, _ = run(shell, "%%gpu 99-big --needs-gib 19\nprint('measured')")
     assert result.success and cap.stdout == "measured\n"
     monkeypatch.delenv("COURSE_RECORD")
-    monkeypatch.setattr(rec, "_usable_gib", lambda: 14.93)  # a 16 GB card: the recording, and why
+    monkeypatch.setattr(rec, "_usable_gib", lambda gpus=1: 14.96)  # a 16 GB card: the recording, and why
     cell = "%%gpu 99-big --needs-gib 19\nraise SystemExit('must not run')"
     result, cap, texts = run(shell, cell)
     assert result.success and cap.stdout == "measured\n"
     assert texts[0].startswith("Recorded output (this cell needs about 19 GiB of GPU memory free; "
-                               "this GPU has 14.9 GiB free), recorded on ")
+                               "this GPU has 14.9 GiB free), recorded on ")  # rounded down, never up to 19.0
+    monkeypatch.setattr(rec, "_usable_gib", lambda gpus=1: 18.96)
+    _, _, texts = run(shell, cell)
+    assert "this GPU has 18.9 GiB free" in texts[0]
+    (tmp_path / "99-big.json").unlink()  # no recording: the note says why it did not run
+    _, _, texts = run(shell, cell)
+    assert texts[0].startswith("Not run: this cell needs about 19 GiB of GPU memory free; this GPU has 18.9 GiB")
+    monkeypatch.setenv("COURSE_RECORD", "1")  # a recording run never keeps an old recording: it runs
+    result, _, _ = run(shell, "%%gpu 99-big --needs-gib 19\nprint('recorded on a small GPU')")
+    assert result.success and "recorded on a small GPU" in (tmp_path / "99-big.json").read_text()
+    monkeypatch.delenv("COURSE_RECORD")
     monkeypatch.setenv("COURSE_GPU_CELLS", "99-big")  # named: a maintainer asked for it, so it runs
     result, cap, _ = run(shell, "%%gpu 99-big --needs-gib 19\nprint('ran although small')")
     assert result.success and cap.stdout == "ran although small\n"
     fake_gpus(monkeypatch, 0)  # no GPU: the usual reason, and no memory query
     monkeypatch.delenv("COURSE_GPU_CELLS")
-    monkeypatch.setattr(rec, "_usable_gib", lambda: pytest.fail("asked a missing GPU for its memory"))
+    monkeypatch.setattr(rec, "_usable_gib", lambda gpus=1: pytest.fail("asked a missing GPU for its memory"))
     _, _, texts = run(shell, cell)
     assert texts[0].startswith("Recorded output (this notebook ran without a CUDA GPU)")
+
+
+def test_usable_memory_is_what_the_driver_has_free_and_the_allocator_holds_unused(monkeypatch):
+    import torch
+
+    gib = 2**30
+    free = {0: 10 * gib, 1: 3 * gib}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (free[i], 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 6 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i: 2 * gib)
+    assert rec._usable_gib() == 14  # 10 free + (6 reserved - 2 allocated)
+    assert rec._usable_gib(2) == 7  # the least of the GPUs the cell uses
+    assert rec._too_little_memory("99-x", 14) is None  # exactly enough: it runs
+    assert rec._too_little_memory("99-x", 14.5) == 14.0
+    assert rec._too_little_memory("99-x", 8, gpus=2) == 7.0
+
+
+def _folding(lines: list[str], after: str = "") -> tuple[str, list[str], str]:
+    """What a target stream shows before and after the cell ends, and what the outputs keep."""
+    import io
+
+    target, outputs = io.StringIO(), []
+    stream = rec._FoldingStream("stderr", target, outputs)
+    for line in lines:
+        stream.write(line)
+    before = target.getvalue()
+    stream.end("99-x")
+    stream.write(after)
+    return before, [o["text"] for o in outputs], target.getvalue()
+
+
+def test_a_folding_stream_shows_lines_as_they_come_and_the_tail_at_the_end():
+    before, kept, shown = _folding([f"{i}\n" for i in range(45)], after="a late warning\n")
+    assert before == "".join(f"{i}\n" for i in range(rec.FOLD_LINES))  # as they came, before the end
+    assert shown == before + ("[... 2 more lines of stderr; course_utils.recording.last_run('99-x').outputs has "
+                              "them all ...]\n42\n43\n44\na late warning\n")  # after the end: straight through
+    assert kept == ["".join(f"{i}\n" for i in range(45))]  # the late write is not the cell's
+    _, _, shown = _folding([f"{i}\n" for i in range(44)])
+    assert shown == "".join(f"{i}\n" for i in range(44))  # 4 lines held back: shown, no fold line for them
+    progress = [f"{i}\n" for i in range(40)] + [f"\r{p}%" for p in range(0, 101, 5)] + ["\n", "done"]
+    _, _, shown = _folding(progress)  # a progress bar rewrites one line: 2 lines held back, not 22
+    assert shown.endswith("39\n" + "".join(f"\r{p}%" for p in range(0, 101, 5)) + "\ndone")
 
 
 def test_a_long_stream_of_a_live_run_is_folded_as_it_comes_and_kept_whole(shell, monkeypatch, tmp_path):
@@ -271,6 +324,15 @@ def test_a_long_stream_of_a_live_run_is_folded_as_it_comes_and_kept_whole(shell,
     assert rec.last_run("99-elsewhere").meta == {"device": "X"}  # not run here: its recording
     with pytest.raises(rec.RecordingError):
         rec.last_run("99-never")
+    result, cap, _ = run(shell, "%%gpu 99-elsewhere\nprint('half way')\nraise RuntimeError('out of memory')")
+    assert not result.success and cap.stdout.startswith("half way\n")  # then the traceback
+    assert rec.last_run("99-elsewhere").meta == {"device": "X"}  # a run that failed: still the recording
+    run(shell, "%%gpu 99-elsewhere\nprint('ran here')")
+    assert rec.last_run("99-elsewhere").meta["live"]
+    monkeypatch.setenv("COURSE_RECORD", "1")  # re-recorded in this kernel: the new recording, not the live run
+    run(shell, "%%gpu 99-elsewhere\nprint('recorded')")
+    assert rec.last_run("99-elsewhere").outputs[0]["text"] == "recorded\n" and "live" not in rec.last_run(
+        "99-elsewhere").meta
 
 
 def test_a_long_recorded_stream_is_shown_folded(shell, monkeypatch, tmp_path):
