@@ -38,11 +38,12 @@ COMMON = {"CUDA_VISIBLE_DEVICES": "", "COURSE_DEVICE": "cpu", "OMP_WAIT_POLICY":
 # how one machine imitates another CPU; OTHER_CPU_ISA=default: ATen's plain kernels (`make test OTHER_CPU_ISA=default`)
 OTHER_CPU = {"OMP_NUM_THREADS": "1", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
              "ATEN_CPU_CAPABILITY": os.environ.get("OTHER_CPU_ISA", "avx2"), "ONEDNN_MAX_CPU_ISA": "AVX2"}
-# Unit tests that start several processes, which make the main pass the longer one: they run beside the other
-# pass's notebooks instead, so that the two passes end at about the same time (the environment of either is
-# fine for them).
+# Unit tests that start several processes or wait on timers, which make the main pass the longer one: they run
+# beside the other pass's notebooks instead, so that the two passes end at about the same time (the environment
+# of either is fine for them).
 BALANCED = ["tests/test_ddp_demos.py", "tests/test_ddp_train.py", "tests/test_torchrun.py", "tests/test_answers_07.py",
-            "tests/test_model_parallel_demos.py", "tests/test_answers_11.py"]
+            "tests/test_model_parallel_demos.py", "tests/test_answers_11.py", "tests/test_answers_01.py",
+            "tests/test_test_tools.py"]
 PASSES = {"main": ([*(f"--ignore={t}" for t in BALANCED)], {}), "other-cpu": (["notebooks", *BALANCED], OTHER_CPU)}
 FAILED = re.compile(r"^(FAILED|ERROR) ((?:tests|notebooks)/\S+)", re.M)
 
