@@ -1,4 +1,5 @@
-"""Notebook 08: will a training job fit? A memory plan that predicts each **phase** of a step, term by term.
+"""Notebook 08 (and 07, for how much memory a cell needs): will a training job fit? A memory plan that predicts
+each **phase** of a step, term by term.
 
 `plan_memory(cfg, ...)` predicts the memory of one training step (forward, backward, AdamW step) of
 `course_utils.models.GPT` of shape ``cfg`` (or any decoder-only transformer with the same numbers: token and
