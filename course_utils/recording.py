@@ -295,6 +295,11 @@ def _only_these() -> set[str] | None:
     return {n.strip() for n in names.split(",") if n.strip()} if names else None
 
 
+def _recording_run() -> bool:
+    """Whether this is a recording run (``COURSE_RECORD=1``, `make record`)."""
+    return os.environ.get(RECORD_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 def _slow_cells_wanted() -> bool:
     return os.environ.get(SLOW_ENV, "").strip().lower() in ("1", "true", "yes")
 
@@ -323,8 +328,7 @@ def _too_little_memory(name: str, needs_gib: float, gpus: int = 1) -> float | No
     A recording run, or the cell named in ``COURSE_GPU_CELLS``, always runs it: a maintainer asked for it, and a
     GPU too small for it must fail loudly rather than keep an old recording."""
     only = _only_these()
-    recording = os.environ.get(RECORD_ENV, "") in ("1", "true", "yes")
-    if needs_gib <= 0 or recording or (only is not None and name in only):
+    if needs_gib <= 0 or _recording_run() or (only is not None and name in only):
         return None
     usable = math.floor(_usable_gib(gpus) * 10) / 10
     return usable if usable < needs_gib else None
@@ -376,9 +380,13 @@ def folded(text: str, name: str, stream: str = "stdout") -> str:
     lines = text.splitlines(keepends=True)
     if len(lines) <= FOLD_LINES:
         return text
-    left_out = len(lines) - 8
-    return ("".join(lines[:5]) + f"[... {left_out} more lines of the recorded {stream}; "
-            f"course_utils.recording.load_recording({name!r}).outputs has them all ...]\n" + "".join(lines[-3:]))
+    return "".join(lines[:5]) + _fold_line(len(lines) - 8, f"the recorded {stream}",
+                                           f"load_recording({name!r})") + "".join(lines[-3:])
+
+
+def _fold_line(left_out: int, stream: str, reader: str) -> str:
+    """The line that stands for the ``left_out`` lines of ``stream`` a fold leaves out, and where they all are."""
+    return f"[... {left_out} more lines of {stream}; course_utils.recording.{reader}.outputs has them all ...]\n"
 
 
 def show_recording(name: str, gpus: int = 1, shows: str = "", slow: str = "", needs_gib: float = 0.0,
@@ -440,27 +448,22 @@ class _Sink(io.TextIOBase):
         return len(text)
 
 
-class _FoldingStream(io.TextIOBase):
-    """A live cell's stream: text goes through to ``target`` until `FOLD_LINES` lines have gone out, the rest is
-    held back (`end` shows how much, and its last lines); everything is also kept in ``outputs``."""
+class _FoldingStream(_Sink):
+    """A live cell's stream: it keeps everything in ``outputs`` (as `_Sink`), and shows it on ``target`` as it
+    comes until `FOLD_LINES` lines have gone out; the rest is held back (`end` shows how much, and its last lines)."""
 
     SHOWN_AT_END = 3  # lines of what was held back, shown when the cell ends
 
     def __init__(self, name: str, target: Any, outputs: list[dict[str, Any]]) -> None:
-        self.name_, self.target, self.sink = name, target, _Sink(name, outputs)
+        super().__init__(name, outputs)
+        self.target = target
         self.lines_out = self.lines_held = 0
         self.tail: deque[str] = deque(maxlen=self.SHOWN_AT_END + 2)  # the last lines held back, the open one too
-        self.ended = False
-
-    def writable(self) -> bool:
-        return True
 
     def write(self, text: str) -> int:
-        if self.ended:  # written after the cell (a log handler made in it): straight through
-            self.target.write(text)
-            return len(text)
-        self.sink.write(text)
-        size = len(text)
+        size = super().write(text)
+        if self.after is not None:  # the cell has ended: the text went straight through
+            return size
         while text and self.lines_out < FOLD_LINES:
             line, newline, text = text.partition("\n")
             self.target.write(line + newline)
@@ -477,13 +480,13 @@ class _FoldingStream(io.TextIOBase):
         self.target.flush()
 
     def end(self, cell: str) -> None:
-        """Show what was held back: all of it when it is a few lines, else how many lines, and the last ones."""
-        self.ended = True
+        """Show what was held back: all of it when it is a few lines, else how many lines, and the last ones;
+        from now on, writes go straight to ``target``."""
+        self.after = self.target
         pieces = list(self.tail)
         held = self.lines_held + (bool(pieces) and not pieces[-1].endswith("\n"))
         if held > self.SHOWN_AT_END + 1:  # the fold line stands for two lines or more
-            self.target.write(f"[... {held - self.SHOWN_AT_END} more lines of {self.name_}; "
-                              f"course_utils.recording.last_run({cell!r}).outputs has them all ...]\n")
+            self.target.write(_fold_line(held - self.SHOWN_AT_END, self.name_, f"last_run({cell!r})"))
             pieces = pieces[-self.SHOWN_AT_END:]
         self.target.write("".join(pieces))
         self.target.flush()
@@ -592,7 +595,7 @@ def run_or_replay(name: str, source: str, namespace: dict[str, Any], gpus: int =
     plt = sys.modules.get("matplotlib.pyplot")
     before = set(plt.get_fignums()) if plt is not None else set()
     _LIVE.pop(name, None)  # from now on, this run (if it ends well) or the recording
-    if os.environ.get(RECORD_ENV, "") not in ("1", "true", "yes"):
+    if not _recording_run():
         streams: list[dict[str, Any]] = []
         with _folding(name, streams):
             _execute(source, namespace)
