@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from course_utils.distributed import ddp_demos as W
 from course_utils.distributed import launch as L
@@ -53,3 +58,30 @@ def test_launch_refuses_main_function() -> None:
     local.__module__ = "__main__"
     with pytest.raises(L.WorkerError, match="cannot import it"):
         L.launch(local, 2)
+
+
+def crashes_in_a_collective(rank: int, world_size: int) -> None:
+    """Rank 1 ends by a segmentation fault, as a crash in a library's native thread would; rank 0 waits for it
+    in an all-reduce and fails with gloo's "Connection closed by peer"."""
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    dist.all_reduce(torch.ones(1))
+
+
+def test_a_crashed_rank_is_named_before_the_errors_that_follow_from_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crashed rank sends nothing back; the report names it, how it ended and its Python stacks
+    (faulthandler's, from its log), not only its peer's "Connection closed by peer"."""
+    L.start_worker_pool()
+    monkeypatch.setenv("COURSE_SUBPROCESS_LOGS", str(tmp_path))
+    with pytest.raises(L.WorkerError) as info:
+        L.launch(crashes_in_a_collective, 2, quiet=True, timeout=60)
+    text = str(info.value)
+    assert text.startswith("crashes_in_a_collective: rank 1 died from signal SIGSEGV (exit code -11)")
+    assert "Fatal Python error: Segmentation fault" in text and "crashes_in_a_collective" in text
+
+
+def test_how_a_process_ended() -> None:
+    assert L._died(7) == "died with exit code 7"
+    assert L._died(-signal.SIGABRT) == "died from signal SIGABRT (exit code -6)"
+    assert L._died(-99) == "died from signal 99 (exit code -99)"

@@ -53,6 +53,50 @@ def test_soak_names_the_failing_tests() -> None:
         soak.main(["--runs", "0"])
 
 
+CRASHED_LOG = """\
+=================================== FAILURES ===================================
+__________________ notebooks/11_model_parallel.ipynb::Cell 5 __________________
+WorkerError: run_demos: rank 3 died from signal SIGSEGV (exit code -11) without sending back an error
+__________________ notebooks/11_model_parallel.ipynb::Cell 7 __________________
+NameError: name 'two' is not defined
+=========================== short test summary info ============================
+FAILED notebooks/11_model_parallel.ipynb::Cell 5 - Notebook cell execution failed
+FAILED notebooks/11_model_parallel.ipynb::Cell 7 - Notebook cell execution failed
+"""
+
+
+def test_only_failures_that_all_follow_a_workers_crash_are_run_again() -> None:
+    assert run_tests.crashed_files(CRASHED_LOG) == ["notebooks/11_model_parallel.ipynb"]
+    other = CRASHED_LOG.replace("=========================== short",
+                                "________________________ tests/test_x.py::test_y ________________________\n"
+                                "AssertionError\n=========================== short") + "FAILED tests/test_x.py::test_y\n"
+    assert run_tests.crashed_files(other) == []  # a real failure beside the crash: nothing is run again
+    assert run_tests.crashed_files(CRASHED_LOG.replace("died from signal SIGSEGV", "died with exit code 1")) == []
+    unit = ("_____________ TestLaunch.test_demos[2] _____________\nWorkerError: run_demos: rank 1 died from signal "
+            "SIGABRT (exit code -6)\n=== short test summary info ===\nFAILED tests/test_m.py::TestLaunch::test_demos[2]\n")
+    assert run_tests.crashed_files(unit) == ["tests/test_m.py"]  # a unit test's report is headed by its name
+    assert run_tests.crashed_files("") == []
+
+
+def test_a_rerun_after_a_crash_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "other-cpu.log").write_text(CRASHED_LOG, encoding="utf-8")
+    monkeypatch.setattr(run_tests, "OUT", tmp_path)
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append((cmd, kwargs["env"]))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(run_tests.subprocess, "run", fake_run)
+    assert run_tests.rerun_after_crash("other-cpu") == 0
+    (cmd, env), = calls
+    assert cmd[-1] == "notebooks/11_model_parallel.ipynb" and env["OMP_NUM_THREADS"] == "1"
+    out = capsys.readouterr().out
+    assert "RERUN notebooks/11_model_parallel.ipynb: passed when run again after rank 3 died from signal SIGSEGV" in out
+    assert [m.group(1) for m in run_tests.RERUN.finditer(out)] == ["notebooks/11_model_parallel.ipynb"]
+
+
 def test_a_torchrun_job_leaves_its_whole_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COURSE_SUBPROCESS_LOGS", str(tmp_path / "logs"))
     (tmp_path / "fail.py").write_text("import sys\nprint('to stderr', file=sys.stderr)\nsys.exit(3)\n")

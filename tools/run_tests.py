@@ -15,6 +15,15 @@ jobs, quiet workers) goes to ``test-output/subprocess/`` (``COURSE_SUBPROCESS_LO
 prints each pass's result and, for a pass that failed, its failing tests and the end of every torchrun log whose
 job exited with an error, so that CI's own log says what happened.
 
+One failure is run again: a test file or notebook whose failures all come from a worker process that crashed
+in native code (`course_utils.distributed.launch` reports it as "died from signal ..."; in CI on 2026-12-05 a
+worker of notebook 11 lost its process to a general protection fault inside ``malloc``, in gloo's transport
+thread ``pt_gloo_runloop``, as the kernel logged it). Such a crash is not the course's code, and no test can
+make it impossible; so the failing files
+run once more, alone, in the same environment (log: ``test-output/<pass>-rerun.log``). A pass that then passes
+prints ``RERUN <file>: ...`` with the crash's first line, which ``make soak`` counts; any other failure, or a
+second crash, fails the pass as before.
+
 Both passes run with ``OMP_WAIT_POLICY=PASSIVE``: OpenMP's threads then sleep, rather than spin, while they wait
 for each other. With spinning threads, a notebook that uses both cores slowed down fivefold (29 s to 141 s for
 notebook 07) as soon as any other process wanted a core, which made the suite slow and its timeouts fragile on
@@ -46,6 +55,9 @@ BALANCED = ["tests/test_ddp_demos.py", "tests/test_ddp_train.py", "tests/test_to
             "tests/test_test_tools.py"]
 PASSES = {"main": ([*(f"--ignore={t}" for t in BALANCED)], {}), "other-cpu": (["notebooks", *BALANCED], OTHER_CPU)}
 FAILED = re.compile(r"^(FAILED|ERROR) ((?:tests|notebooks)/\S+)", re.M)
+SECTION = re.compile(r"^_{3,} (?:ERROR at \w+ of )?(\S.*?) _{3,}$", re.M)  # a failure's report: "_ test_x _"
+CRASH = re.compile(r"rank \d+ died from signal \w+")  # course_utils.distributed.launch's words for a crash
+RERUN = re.compile(r"^RERUN (\S+): ", re.M)
 
 
 def start(name: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], float]:
@@ -70,12 +82,56 @@ def failed_jobs(folder: Path) -> list[Path]:
     return found
 
 
+def crashed_files(log: str) -> list[str]:
+    """The test files and notebooks to run again: those whose failing tests' reports hold a worker's crash
+    (`CRASH`), when every failing test of the log is in one of them (else none: a real failure stays one)."""
+    failing = {m.group(2) for m in FAILED.finditer(log)}  # "tests/test_x.py::test_y", "notebooks/x.ipynb::Cell"
+    starts = list(SECTION.finditer(log))
+    crashed = set()
+    for i, m in enumerate(starts):
+        if not CRASH.search(log, m.end(), starts[i + 1].start() if i + 1 < len(starts) else len(log)):
+            continue
+        header = m.group(1)  # "notebooks/x.ipynb::Cell 5", or a test's name: "test_y", "TestX.test_y[1]"
+        if header.startswith(("tests/", "notebooks/")):
+            crashed.add(header.split("::")[0])
+        else:
+            crashed |= {t.split("::")[0] for t in failing if t.endswith("::" + header.replace(".", "::"))}
+    if not failing or not crashed or any(t.split("::")[0] not in crashed for t in failing):
+        return []
+    return sorted(crashed)
+
+
+def rerun_after_crash(name: str) -> int:
+    """Run a failed pass's crashed files once more (`crashed_files`); 0 if there were some and they pass now."""
+    text = (OUT / f"{name}.log").read_text(encoding="utf-8", errors="replace")
+    files = crashed_files(text)
+    if not files:
+        return 1
+    crash = CRASH.search(text)
+    print(f"{name}: {', '.join(files)} failed by a worker's crash ({crash.group(0) if crash else '?'}); "
+          f"running {'it' if len(files) == 1 else 'them'} once more (test-output/{name}-rerun.log)", flush=True)
+    paths, env_extra = PASSES[name]
+    env = {**os.environ, **COMMON, **env_extra, "COURSE_SUBPROCESS_LOGS": str(OUT / "subprocess" / f"{name}-rerun")}
+    with (OUT / f"{name}-rerun.log").open("wb") as log:
+        status = subprocess.run([sys.executable, "-m", "pytest", "-rfE", *files], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT).returncode
+    if status == 0:
+        for f in files:
+            print(f"RERUN {f}: passed when run again after {crash.group(0) if crash else 'a crash'}", flush=True)
+    return status
+
+
 def report(name: str, tail: int = 25) -> None:
     """A pass's end, and for a failed pass: its failing tests and each failed torchrun job's last lines."""
     text = (OUT / f"{name}.log").read_text(encoding="utf-8", errors="replace")
     print(f"\n=== {name}: the end of test-output/{name}.log\n" + "\n".join(text.splitlines()[-60:]))
     names = sorted({m.group(2) for m in FAILED.finditer(text)})
     print(f"\n=== {name} failed: {len(names)} test(s)", *[f"  {n}" for n in names], sep="\n")
+    rerun = OUT / f"{name}-rerun.log"
+    if rerun.exists():
+        lines = rerun.read_text(encoding="utf-8", errors="replace").splitlines()
+        print(f"\n=== {name}: run again after a worker's crash, and failed again: the end of {rerun.relative_to(ROOT)}",
+              *lines[-40:], sep="\n")
     jobs = failed_jobs(OUT / "subprocess" / name)
     for path in jobs:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -95,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     OUT.mkdir(exist_ok=True)
     shutil.rmtree(OUT / "subprocess", ignore_errors=True)
+    for name in PASSES:
+        (OUT / f"{name}-rerun.log").unlink(missing_ok=True)
     names = [args.only] if args.only else list(PASSES)
     results: dict[str, tuple[int, float]] = {}
     lint = None
@@ -106,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.serial or len(names) == 1 or (os.cpu_count() or 1) < 2:
         for name in names:
             proc, began = start(name, args.pytest_args)
-            results[name] = (proc.wait(), time.monotonic() - began)
+            status = proc.wait()
+            if status != 0 and rerun_after_crash(name) == 0:
+                status = 0
+            results[name] = (status, time.monotonic() - began)
             if results[name][0] != 0:
                 break  # as `make` stops at the first failing command
     else:
@@ -114,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         while running:
             for name, (proc, began) in list(running.items()):
                 if proc.poll() is not None:
-                    results[name] = (proc.returncode, time.monotonic() - began)
+                    status = proc.returncode
+                    if status != 0 and rerun_after_crash(name) == 0:
+                        status = 0
+                    results[name] = (status, time.monotonic() - began)
                     print(f"{name}: {'passed' if proc.returncode == 0 else 'FAILED'} in {results[name][1]:.0f} s",
                           flush=True)
                     del running[name]
@@ -130,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             report(name)
         else:
             last = (OUT / f"{name}.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
+            rerun = OUT / f"{name}-rerun.log"
+            if rerun.exists():
+                last += [f"(after a rerun) {rerun.read_text(encoding='utf-8', errors='replace').strip().splitlines()[-1]}"]
             print(f"{name}: {last[-1] if last else '(no output)'}")
     print("; ".join(f"{n}: {'passed' if s == 0 else f'FAILED (exit {s})'}" + ("" if n == "lint" else f" in {t:.0f} s")
                     for n, (s, t) in results.items()))

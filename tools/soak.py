@@ -1,6 +1,6 @@
 """`make soak`: the flake budget in CI's own terms. Runs the README's test command (`make test`) N times, each
 on a fresh clone of this repository's HEAD (a new .venv every time, as CI has), and reports each run's result,
-time and failing tests.
+time, failing tests and the files run again after a worker's crash (`tools/run_tests.py`).
 
     python tools/soak.py [--runs N] [--burn K] [--target test] [--keep]
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from run_tests import FAILED  # noqa: E402  (how a pytest log names a failing test: one pattern for both tools)
+from run_tests import FAILED, RERUN  # noqa: E402  (how the logs name a failing test, a rerun: one pattern each)
 
 
 def _burn() -> None:  # pragma: no cover - a busy loop until terminated
@@ -45,7 +45,9 @@ def soak_once(index: int, target: str, keep: bool, out: Path, name: str) -> tupl
     with log.open("w", encoding="utf-8") as f:
         status = subprocess.run(["make", target], cwd=clone, stdout=f, stderr=subprocess.STDOUT).returncode
     seconds = time.monotonic() - start
-    failing = sorted({m.group(2) for m in FAILED.finditer(log.read_text(encoding="utf-8", errors="replace"))})
+    text = log.read_text(encoding="utf-8", errors="replace")
+    failing = sorted({m.group(2) for m in FAILED.finditer(text)})
+    failing += [f"rerun after a crash: {m.group(1)}" for m in RERUN.finditer(text)]
     if status == 0 and not keep:
         shutil.rmtree(clone, ignore_errors=True)
     return status, seconds, failing

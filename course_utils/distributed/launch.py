@@ -18,9 +18,11 @@ A function defined in a notebook cell is not; the lesson's workers live in `cour
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import multiprocessing as mp
 import os
+import signal
 import socket
 import time
 import traceback
@@ -86,6 +88,9 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: 
         fd = os.open(sink, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
+    # A crash in native code (a segmentation fault in a library's thread) ends the process with no Python
+    # error to send back: this prints every thread's Python stack to standard error first.
+    faulthandler.enable()
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
@@ -194,6 +199,7 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
         p.start()
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
+    finished = False
     try:
         while len(results) < world_size:
             left = deadline - time.monotonic()
@@ -205,15 +211,17 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
             except Empty:  # nothing yet: check that nobody died silently
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
                 if dead:
-                    raise WorkerError(f"{fn.__name__}: rank {dead[0]} died with exit code {procs[dead[0]].exitcode}"
+                    raise WorkerError(f"{fn.__name__}: rank {dead[0]} {_died(procs[dead[0]].exitcode)}"
                                       f"{_log_tail(logs, fn, dead[0], procs[dead[0]].pid)}") from None
                 continue
             if not good:
-                raise WorkerError(_first_failure(fn.__name__, {rank: value}, queue))
+                failure = _first_failure(fn.__name__, {rank: value}, queue)
+                raise WorkerError(_crash_first(fn, procs, set(results) | {rank}, logs) + failure)
             results[rank] = _unpacked(fn, rank, value)
+        finished = True
     finally:
-        for p in procs:
-            p.join(timeout=5)
+        for p in procs:  # after a failure the others may wait for the failed rank until their timeout: end them
+            p.join(timeout=5 if finished else 0.2)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -240,6 +248,26 @@ def _log_tail(logs: str | None, fn: Callable[..., Any], rank: int, pid: int | No
     except OSError:
         return ""
     return "; its last lines on stderr:\n" + "\n".join(tail) if tail else ""
+
+
+def _died(exitcode: int | None) -> str:
+    """How a process ended: "died with exit code 7", or for a signal "died from signal SIGSEGV (exit code -11)"."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = str(-exitcode)
+        return f"died from signal {name} (exit code {exitcode})"
+    return f"died with exit code {exitcode}"
+
+
+def _crash_first(fn: Callable[..., Any], procs: list[Any], reported: set[int], logs: str | None) -> str:
+    """The ranks that ended without sending anything back (a crash in native code), with their last lines,
+    put before the other ranks' errors: those ("Connection closed by peer") follow from the crash."""
+    dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode not in (None, 0)]
+    return "".join(f"{fn.__name__}: rank {r} {_died(procs[r].exitcode)} without sending back an error; the "
+                   f"errors of the ranks that waited for it follow{_log_tail(logs, fn, r, procs[r].pid)}\n"
+                   for r in dead)
 
 
 def _first_failure(name: str, failures: dict[int, str], queue: Any, grace: float = 3.0) -> str:

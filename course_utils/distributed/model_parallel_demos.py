@@ -19,7 +19,9 @@ several workers in one.
   `fsdp_tp_demo`, `three_d_demo`, `pitfalls_demo`; `run_demos` runs several in one launch.
 - `GPTPart`: blocks ``start:stop`` of a `GPT`, a pipeline stage; `FixedTimeStage`: a stage whose forward and
   backward take a fixed time (a sleep), for a bubble free of this machine's noise.
-- `bubble_fractions`: each stage's idle share of a pipeline step, from the ranks' timelines.
+- `bubble_fractions`: each stage's idle share of a pipeline step, from the ranks' timelines;
+  `replayed_timelines`: the same order of work with sends that cost nothing (the schedule's own bubble, or
+  the least one the measured times allow).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from ..models import GPT, Block, GPTConfig, token_batch
 __all__ = ["BLOCK_CFG", "PIPE_CFG", "TOLERANCE", "CollectiveBytes", "FixedTimeStage", "GPTPart",
            "SavedActivations", "TPBlock", "block_plan", "bubble_demo", "bubble_fractions", "clip_grad_norm_",
            "fsdp_tp_demo", "head_major", "loss_parallel_demo", "mesh_demo", "pipeline_demo", "pitfalls_demo",
-           "qkv_major", "run_demos", "tensor_parallel_gpt", "three_d_demo", "tp_block_demo"]
+           "qkv_major", "replayed_timelines", "run_demos", "tensor_parallel_gpt", "three_d_demo", "tp_block_demo"]
 
 # PyTorch documents __torch_dispatch__ modes with this class ("Extending PyTorch"); it lives in a module whose
 # name starts with an underscore, which `import torch` has already loaded.
@@ -561,6 +563,57 @@ def bubble_fractions(timelines: Sequence[Sequence[tuple[int, str, int, float, fl
     start = min(a for timeline in timelines for *_, a, _ in timeline)
     end = max(b for timeline in timelines for *_, b in timeline)
     return [1 - sum(b - a for *_, a, b in timeline) / (end - start) for timeline in timelines]
+
+
+
+def replayed_timelines(timelines: Sequence[Sequence[tuple[int, str, int, float, float]]],
+                       forward: float | None = None, backward: float | None = None,
+                       ) -> list[list[tuple[int, str, int, float, float]]]:
+    """The ranks' timelines of one step (every rank's) run again on paper, in the order each rank ran its
+    microbatches, with sends that cost nothing: a stage's forward of a microbatch starts once the previous
+    stage's forward of it has ended, its backward once its own forward and the next stage's backward have.
+    Each forward takes ``forward`` and each backward ``backward`` on a rank (split evenly between a rank's
+    stages, as in `bubble_demo`; any unit, only their ratio matters to the bubble), or with None the time it
+    took in the timeline. `bubble_fractions` of the result is what the order alone leaves idle (with given
+    times: ``(p − 1)/(m + p − 1)`` exactly when the schedule reaches the ideal), or with the measured times the
+    least idle time those times allow: a measured timeline idles at least as much."""
+    ops = [(stage, kind, mb) for timeline in timelines for stage, kind, mb, *_ in timeline]
+    if not ops:
+        raise ValueError("the timelines are empty: nothing to replay")
+    if len(set(ops)) != len(ops):
+        raise ValueError("a stage's forward or backward of a microbatch appears twice: give the timelines of one step")
+    stages = sorted({stage for stage, *_ in ops})
+    if stages != list(range(len(stages))):
+        raise ValueError(f"stages {sorted(set(range(stages[-1] + 1)) - set(stages))} ran nothing: give every rank's timeline")
+    work = {(kind, mb) for stage, kind, mb in ops if stage == 0}
+    if any({(kind, mb) for st, kind, mb in ops if st == stage} != work for stage in stages):
+        raise ValueError("the stages ran different microbatches: give the timelines of one whole step")
+    last_stage = stages[-1]
+    per_rank = [len({stage for stage, *_ in timeline}) or 1 for timeline in timelines]
+    ended: dict[tuple[int, str, int], float] = {}
+    free, done = [0.0] * len(timelines), [0] * len(timelines)
+    replayed: list[list[tuple[int, str, int, float, float]]] = [[] for _ in timelines]
+    while any(d < len(timeline) for d, timeline in zip(done, timelines, strict=True)):
+        moved = False
+        for r, timeline in enumerate(timelines):
+            while done[r] < len(timeline):
+                stage, kind, mb, start, end = timeline[done[r]]
+                if kind == "F":  # the previous stage's forward of this microbatch
+                    waits = [(stage - 1, "F", mb)] if stage > 0 else []
+                else:  # its own forward, and the next stage's backward of this microbatch
+                    waits = [(stage, "F", mb)] + ([(stage + 1, "B", mb)] if stage < last_stage else [])
+                if any(w not in ended for w in waits):
+                    break
+                given = forward if kind == "F" else backward
+                took = end - start if given is None else given / per_rank[r]
+                begin = max([free[r], *(ended[w] for w in waits)])
+                ended[(stage, kind, mb)] = free[r] = begin + took
+                replayed[r].append((stage, kind, mb, begin, begin + took))
+                done[r] += 1
+                moved = True
+        if not moved:
+            raise ValueError("the ranks' orders wait for each other: no rank can run its next microbatch")
+    return replayed
 
 
 # --- FSDP2 × TP -----------------------------------------------------------------------------------------
