@@ -89,7 +89,10 @@ def test_a_rerun_after_a_crash_is_reported(tmp_path: Path, monkeypatch: pytest.M
         return type("Done", (), {"returncode": 0})()
 
     monkeypatch.setattr(run_tests.subprocess, "run", fake_run)
-    assert run_tests.rerun_after_crash("other-cpu") == 0
+    assert run_tests.rerun_after_crash("other-cpu", 0) == 0 and not calls  # a pass that passed: nothing to do
+    (tmp_path / "main.log").write_text("FAILED tests/test_x.py::test_y - AssertionError\n", encoding="utf-8")
+    assert run_tests.rerun_after_crash("main", 2) == 2 and not calls  # a real failure stays one
+    assert run_tests.rerun_after_crash("other-cpu", 1) == 0
     (cmd, env), = calls
     assert cmd[-1] == "notebooks/11_model_parallel.ipynb" and env["OMP_NUM_THREADS"] == "1"
     out = capsys.readouterr().out

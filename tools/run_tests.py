@@ -19,10 +19,9 @@ One failure is run again: a test file or notebook whose failures all come from a
 in native code (`course_utils.distributed.launch` reports it as "died from signal ..."; in CI on 2026-12-05 a
 worker of notebook 11 lost its process to a general protection fault inside ``malloc``, in gloo's transport
 thread ``pt_gloo_runloop``, as the kernel logged it). Such a crash is not the course's code, and no test can
-make it impossible; so the failing files
-run once more, alone, in the same environment (log: ``test-output/<pass>-rerun.log``). A pass that then passes
-prints ``RERUN <file>: ...`` with the crash's first line, which ``make soak`` counts; any other failure, or a
-second crash, fails the pass as before.
+make it impossible; so the failing files run once more, alone, in the same environment (log:
+``test-output/<pass>-rerun.log``). A pass that then passes prints ``RERUN <file>: ...`` with the crash's first
+line, which ``make soak`` counts; any other failure, or a second crash, fails the pass as before.
 
 Both passes run with ``OMP_WAIT_POLICY=PASSIVE``: OpenMP's threads then sleep, rather than spin, while they wait
 for each other. With spinning threads, a notebook that uses both cores slowed down fivefold (29 s to 141 s for
@@ -60,10 +59,15 @@ CRASH = re.compile(r"rank \d+ died from signal \w+")  # course_utils.distributed
 RERUN = re.compile(r"^RERUN (\S+): ", re.M)
 
 
+def pass_env(name: str, logs: Path) -> dict[str, str]:
+    """A pass's environment: GPUs hidden, its CPU code path, its subprocesses' logs in ``logs``."""
+    return {**os.environ, **COMMON, **PASSES[name][1], "COURSE_SUBPROCESS_LOGS": str(logs)}
+
+
 def start(name: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], float]:
     """One pass as a pytest process, its output going to test-output/NAME.log."""
-    paths, env_extra = PASSES[name]
-    env = {**os.environ, **COMMON, **env_extra, "COURSE_SUBPROCESS_LOGS": str(OUT / "subprocess" / name)}
+    paths, _ = PASSES[name]
+    env = pass_env(name, OUT / "subprocess" / name)
     cmd = [sys.executable, "-m", "pytest", "--durations=10", "-rfE", *paths, *extra]
     print(f"{name}: {' '.join(cmd[1:])}  (output in test-output/{name}.log)", flush=True)
     log = (OUT / f"{name}.log").open("wb")
@@ -101,17 +105,19 @@ def crashed_files(log: str) -> list[str]:
     return sorted(crashed)
 
 
-def rerun_after_crash(name: str) -> int:
-    """Run a failed pass's crashed files once more (`crashed_files`); 0 if there were some and they pass now."""
+def rerun_after_crash(name: str, status: int) -> int:
+    """A pass's exit status, once its crashed files (`crashed_files`) have run again if it failed by a crash:
+    0 if they pass now."""
+    if status == 0:
+        return 0
     text = (OUT / f"{name}.log").read_text(encoding="utf-8", errors="replace")
     files = crashed_files(text)
     if not files:
-        return 1
+        return status
     crash = CRASH.search(text)
     print(f"{name}: {', '.join(files)} failed by a worker's crash ({crash.group(0) if crash else '?'}); "
           f"running {'it' if len(files) == 1 else 'them'} once more (test-output/{name}-rerun.log)", flush=True)
-    paths, env_extra = PASSES[name]
-    env = {**os.environ, **COMMON, **env_extra, "COURSE_SUBPROCESS_LOGS": str(OUT / "subprocess" / f"{name}-rerun")}
+    env = pass_env(name, OUT / "subprocess" / f"{name}-rerun")
     with (OUT / f"{name}-rerun.log").open("wb") as log:
         status = subprocess.run([sys.executable, "-m", "pytest", "-rfE", *files], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT).returncode
@@ -164,10 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serial or len(names) == 1 or (os.cpu_count() or 1) < 2:
         for name in names:
             proc, began = start(name, args.pytest_args)
-            status = proc.wait()
-            if status != 0 and rerun_after_crash(name) == 0:
-                status = 0
-            results[name] = (status, time.monotonic() - began)
+            results[name] = (rerun_after_crash(name, proc.wait()), time.monotonic() - began)
             if results[name][0] != 0:
                 break  # as `make` stops at the first failing command
     else:
@@ -175,11 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         while running:
             for name, (proc, began) in list(running.items()):
                 if proc.poll() is not None:
-                    status = proc.returncode
-                    if status != 0 and rerun_after_crash(name) == 0:
-                        status = 0
-                    results[name] = (status, time.monotonic() - began)
-                    print(f"{name}: {'passed' if proc.returncode == 0 else 'FAILED'} in {results[name][1]:.0f} s",
+                    results[name] = (rerun_after_crash(name, proc.returncode), time.monotonic() - began)
+                    print(f"{name}: {'passed' if results[name][0] == 0 else 'FAILED'} in {results[name][1]:.0f} s",
                           flush=True)
                     del running[name]
             time.sleep(0.5)

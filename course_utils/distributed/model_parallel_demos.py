@@ -566,9 +566,8 @@ def bubble_fractions(timelines: Sequence[Sequence[tuple[int, str, int, float, fl
 
 
 
-def replayed_timelines(timelines: Sequence[Sequence[tuple[int, str, int, float, float]]],
-                       forward: float | None = None, backward: float | None = None,
-                       ) -> list[list[tuple[int, str, int, float, float]]]:
+def replayed_timelines(timelines: Sequence[Timeline], forward: float | None = None,
+                       backward: float | None = None) -> list[Timeline]:
     """The ranks' timelines of one step (every rank's) run again on paper, in the order each rank ran its
     microbatches, with sends that cost nothing: a stage's forward of a microbatch starts once the previous
     stage's forward of it has ended, its backward once its own forward and the next stage's backward have.
@@ -592,7 +591,7 @@ def replayed_timelines(timelines: Sequence[Sequence[tuple[int, str, int, float, 
     per_rank = [len({stage for stage, *_ in timeline}) or 1 for timeline in timelines]
     ended: dict[tuple[int, str, int], float] = {}
     free, done = [0.0] * len(timelines), [0] * len(timelines)
-    replayed: list[list[tuple[int, str, int, float, float]]] = [[] for _ in timelines]
+    replayed: list[Timeline] = [[] for _ in timelines]
     while any(d < len(timeline) for d, timeline in zip(done, timelines, strict=True)):
         moved = False
         for r, timeline in enumerate(timelines):
