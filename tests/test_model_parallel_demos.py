@@ -158,7 +158,7 @@ def _waited_and_idled_at_least_its_replay(results: list[Any], forward_ms: float,
             assert b - a >= (forward_ms if kind == "F" else backward_ms) / k - 0.01, (kind, a, b)
     least = M.bubble_fractions(M.replayed_timelines(timelines))
     for measured, bound in zip(M.bubble_fractions(timelines), least, strict=True):
-        assert measured >= bound - 1e-4, (measured, bound)
+        assert measured >= bound - 1e-3, (measured, bound)  # the timelines are rounded to the microsecond
 
 
 def test_fixed_time_stages_show_the_gpipe_bubble(two_ranks: list[list[Any]]) -> None:

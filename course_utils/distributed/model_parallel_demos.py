@@ -460,7 +460,7 @@ def _order(timeline: Timeline, several: bool) -> str:
 
 
 def _ms(timeline: Timeline, origin: float) -> list[tuple[int, str, int, float, float]]:
-    return [(stage, kind, mb, round((a - origin) * 1e3, 2), round((b - origin) * 1e3, 2))
+    return [(stage, kind, mb, round((a - origin) * 1e3, 3), round((b - origin) * 1e3, 3))
             for stage, kind, mb, a, b in timeline]
 
 
