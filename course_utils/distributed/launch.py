@@ -211,8 +211,7 @@ def _launch_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
             except Empty:  # nothing yet: check that nobody died silently
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
                 if dead:
-                    raise WorkerError(f"{fn.__name__}: rank {dead[0]} {_died(procs[dead[0]].exitcode)}"
-                                      f"{_log_tail(logs, fn, dead[0], procs[dead[0]].pid)}") from None
+                    raise WorkerError(_dead_rank(fn, procs, dead[0], logs)) from None
                 continue
             if not good:
                 failure = _first_failure(fn.__name__, {rank: value}, queue)
@@ -261,13 +260,17 @@ def _died(exitcode: int | None) -> str:
     return f"died with exit code {exitcode}"
 
 
+def _dead_rank(fn: Callable[..., Any], procs: list[Any], rank: int, logs: str | None, then: str = "") -> str:
+    """"fn: rank N died ...", ``then``, and the end of its standard error when ``make test`` kept it."""
+    return f"{fn.__name__}: rank {rank} {_died(procs[rank].exitcode)}{then}{_log_tail(logs, fn, rank, procs[rank].pid)}"
+
+
 def _crash_first(fn: Callable[..., Any], procs: list[Any], reported: set[int], logs: str | None) -> str:
     """The ranks that ended without sending anything back (a crash in native code), with their last lines,
     put before the other ranks' errors: those ("Connection closed by peer") follow from the crash."""
-    dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode not in (None, 0)]
-    return "".join(f"{fn.__name__}: rank {r} {_died(procs[r].exitcode)} without sending back an error; the "
-                   f"errors of the ranks that waited for it follow{_log_tail(logs, fn, r, procs[r].pid)}\n"
-                   for r in dead)
+    then = " without sending back an error; the errors of the ranks that waited for it follow"
+    return "".join(_dead_rank(fn, procs, r, logs, then) + "\n" for r, p in enumerate(procs)
+                   if r not in reported and p.exitcode not in (None, 0))
 
 
 def _first_failure(name: str, failures: dict[int, str], queue: Any, grace: float = 3.0) -> str:
